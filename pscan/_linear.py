@@ -1,0 +1,461 @@
+"""Linear recurrences `h[t] = a[t] * h[t-1] + b[t]`, in sequence or in parallel.
+
+`linear_recurrence` validates its arguments and binds a JAX primitive whose rules make it
+exactly differentiable at the cost of the forward pass:
+
+- JVP: the tangent `dh[t] = a[t] dh[t-1] + (da[t] h[t-1] + db[t])` is the same recurrence
+  with new inputs, so forward mode is one more call of the primitive;
+- transpose: the primitive is linear in `(b, h0)`; its transpose is the reverse-time
+  recurrence with shifted (and, for dense `a`, transposed) coefficients
+  `lam[t] = g[t] + a[t+1]^T lam[t+1]`, run with the same method. Reverse mode is JVP
+  followed by this transpose, so the backward pass saves only `a` and `hs` and never
+  differentiates through the scan's internals;
+- batching: a batch axis becomes a state axis right after time.
+"""
+
+import functools as ft
+from typing import Literal
+
+import jax
+import jax.core
+import jax.extend.core
+import jax.lax as lax
+import jax.numpy as jnp
+import numpy as np
+from jax.interpreters import ad, batching, mlir
+from jaxtyping import Array, ArrayLike, Inexact
+
+from ._chunking import default_chunk_size, from_chunks, to_chunks
+
+
+Method = Literal["auto", "sequential", "associative", "chunked"]
+_METHODS = ("auto", "sequential", "associative", "chunked")
+
+
+# --------------------------------------------------------------------------------------
+# Coefficient algebra: `a` acts on a state either elementwise or as a matrix on the last
+# axis. All helpers broadcast, so `a` may carry size-1 axes where it is shared.
+# --------------------------------------------------------------------------------------
+
+
+def _apply(a, h, dense: bool):
+    """`a` acting on `h`."""
+    if dense:
+        return jnp.matmul(a, h[..., None], precision=lax.Precision.HIGHEST)[..., 0]
+    return a * h
+
+
+def _compose(a_later, a_earlier, dense: bool):
+    """The coefficient of applying `a_earlier`, then `a_later`."""
+    if dense:
+        return jnp.matmul(a_later, a_earlier, precision=lax.Precision.HIGHEST)
+    return a_later * a_earlier
+
+
+def _identity_like(a, dense: bool):
+    """The identity coefficient, shaped like one time step of `a`."""
+    if dense:
+        return jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape[1:])
+    return jnp.ones((), a.dtype)
+
+
+def _shift_in(xs, x0, reverse: bool):
+    """`xs` moved one step later in time (earlier if `reverse`), with `x0` entering."""
+    x0 = jnp.broadcast_to(x0, xs.shape[1:])[None]
+    if reverse:
+        return jnp.concatenate([xs[1:], x0], axis=0)
+    return jnp.concatenate([x0, xs[:-1]], axis=0)
+
+
+# --------------------------------------------------------------------------------------
+# The three evaluation strategies. Each takes `a` with the time axis materialised and
+# other axes broadcastable against `b`, `b` of shape (T, *S) and `h0` of shape S.
+# --------------------------------------------------------------------------------------
+
+
+def _loop(a, b, h0, *, axis: int, reverse: bool, dense: bool, emit=True, adjoint=False):
+    """The one sequential loop: the recurrence along `axis` of `a` and `b`.
+
+    `axis=0` is time; `axis=1` runs inside chunks laid out as `(K, C, ...)`, vectorised
+    over the K chunks, reading and writing strided slices so that no transposed copy is
+    ever made. Returns `(hs, h_final)`; `hs` is `None` unless `emit`.
+
+    With `adjoint=True` it runs the transposed recurrence in message form: it emits
+    `lam = b[s] + m` and carries `m = a[s] lam`, so the caller's shifted recurrence
+    `lam[t] = b[t] + a[t+1] lam[t+1]` needs no shifted copy of `a`, and the final carry
+    is the cotangent of the initial state.
+    """
+    n = b.shape[axis]
+    out = jnp.zeros_like(b) if emit else None
+
+    def body(i, carry):
+        h, out = carry
+        s = n - 1 - i if reverse else i
+        a_s = lax.dynamic_index_in_dim(a, s, axis=axis, keepdims=False)
+        b_s = lax.dynamic_index_in_dim(b, s, axis=axis, keepdims=False)
+        if adjoint:
+            y = b_s + h
+            h = _apply(a_s, y, dense)
+        else:
+            h = y = _apply(a_s, h, dense) + b_s
+        if emit:
+            out = lax.dynamic_update_index_in_dim(out, y, s, axis=axis)
+        return h, out
+
+    h_final, hs = lax.fori_loop(0, n, body, (h0, out))
+    return hs, h_final
+
+
+def _sequential(a, b, h0, *, reverse: bool, dense: bool):
+    """One step at a time: depth and work `O(T)`."""
+    return _loop(a, b, h0, axis=0, reverse=reverse, dense=dense)[0]
+
+
+def _associative(a, b, h0, *, reverse: bool, dense: bool):
+    """`lax.associative_scan` on `(a, b)` pairs: depth `O(log T)`, work `O(T log T)`."""
+    first = -1 if reverse else 0
+    b = b.at[first].add(_apply(a[first], h0, dense))
+
+    def combine(earlier, later):
+        a_e, b_e = earlier
+        a_l, b_l = later
+        return _compose(a_l, a_e, dense), _apply(a_l, b_e, dense) + b_l
+
+    _, hs = lax.associative_scan(combine, (a, b), reverse=reverse)
+    return hs
+
+
+def _doubling(a, b, h0, *, reverse: bool, dense: bool):
+    """Hillis-Steele scan by recursive doubling: `ceil(log2 T)` rounds in one `fori_loop`.
+
+    Round `k` combines every element with the one `2^k` steps earlier, so afterwards
+    element `t` summarises steps `(t - 2^(k+1), t]`. Depth `O(log T)`, work
+    `O(T log T)`; the compiled program does not grow with `T` (unlike
+    `lax.associative_scan`, whose compile time grows with its depth). Used for the
+    chunk summaries of the chunked method, where `T/C` elements make the extra
+    `log` factor cheap.
+    """
+    n = b.shape[0]
+    first = -1 if reverse else 0
+    b = b.at[first].add(_apply(a[first], h0, dense))
+    a = jnp.broadcast_to(a, b.shape[:1] + a.shape[1:])
+    pad_a = jnp.broadcast_to(_identity_like(a, dense), a.shape)
+    pad_b = jnp.zeros_like(b)
+
+    def shifted(x, pad, shift):
+        # x moved `shift` steps later in time (earlier if reverse), `pad` entering
+        if reverse:
+            return lax.dynamic_slice_in_dim(jnp.concatenate([x, pad]), shift, n)
+        return lax.dynamic_slice_in_dim(jnp.concatenate([pad, x]), n - shift, n)
+
+    def body(k, ab):
+        a, b = ab
+        shift = jnp.left_shift(1, k)
+        a_e, b_e = shifted(a, pad_a, shift), shifted(b, pad_b, shift)
+        return _compose(a, a_e, dense), _apply(a, b_e, dense) + b
+
+    rounds = max(0, (n - 1).bit_length())
+    _, hs = lax.fori_loop(0, rounds, body, (a, b))
+    return hs
+
+
+def _chunked(a, b, h0, *, reverse: bool, dense: bool, chunk_size: int):
+    """Exact sequential loops inside chunks, vectorised across chunks.
+
+    Two passes over the chunks: the first runs each chunk from a zero state to get its
+    summary `(P_k, e_k)` (`P_k` the product of its coefficients, `e_k` its end state);
+    a doubling scan over the K summaries gives every chunk's true start state; the
+    second pass reruns each chunk from its start, emitting the states. Nothing T-long
+    besides the inputs and the output is stored. Depth `O(T/K + log K)`.
+    """
+    length = b.shape[0]
+    ac, bc = to_chunks(
+        (a, b), chunk_size, fill=(_identity_like(a, dense), 0), front=reverse
+    )
+    zeros = jnp.zeros((bc.shape[0], *bc.shape[2:]), b.dtype)
+    if dense:
+        # the chunk's transition matrix: the ordered product of its C matrices
+        eye = jnp.broadcast_to(_identity_like(a, dense), (ac.shape[0], *ac.shape[2:]))
+
+        def step(i, p):
+            s = chunk_size - 1 - i if reverse else i
+            a_s = lax.dynamic_index_in_dim(ac, s, axis=1, keepdims=False)
+            return _compose(a_s, p, dense)
+
+        p = lax.fori_loop(0, chunk_size, step, eye)
+    else:
+        p = jnp.prod(ac, axis=1)
+    _, e = _loop(ac, bc, zeros, axis=1, reverse=reverse, dense=dense, emit=False)
+    ends = _doubling(p, e, h0, reverse=reverse, dense=dense)
+    starts = _shift_in(ends, h0, reverse)
+    hs, _ = _loop(ac, bc, starts, axis=1, reverse=reverse, dense=dense)
+    return from_chunks(hs, length, front=reverse)
+
+
+def _solve(a, b, h0, *, reverse, method, chunk_size, dense):
+    if method == "sequential":
+        return _sequential(a, b, h0, reverse=reverse, dense=dense)
+    elif method == "associative":
+        return _associative(a, b, h0, reverse=reverse, dense=dense)
+    elif method == "chunked":
+        return _chunked(
+            a, b, h0, reverse=reverse, dense=dense, chunk_size=chunk_size
+        )
+    raise AssertionError(method)
+
+
+# --------------------------------------------------------------------------------------
+# The primitive and its rules.
+# --------------------------------------------------------------------------------------
+
+_linrec_p = jax.extend.core.Primitive("pscan_linear_recurrence")
+_STATIC = ("reverse", "method", "chunk_size", "dense")
+_linrec_p.def_impl(jax.jit(_solve, static_argnames=_STATIC))
+_linrec_p.def_abstract_eval(lambda a, b, h0, **_: jax.core.ShapedArray(b.shape, b.dtype))
+mlir.register_lowering(_linrec_p, mlir.lower_fun(_solve, multiple_results=False))
+
+
+def _jvp(primals, tangents, **params):
+    a, b, h0 = primals
+    da, db, dh0 = tangents
+    hs = _linrec_p.bind(a, b, h0, **params)
+    u = jnp.zeros_like(hs)
+    if type(da) is not ad.Zero:
+        h_prev = _shift_in(hs, h0, params["reverse"])
+        u = u + _apply(da, h_prev, params["dense"])
+    if type(db) is not ad.Zero:
+        u = u + db
+    dh0 = jnp.zeros_like(h0) if type(dh0) is ad.Zero else dh0
+    return hs, _linrec_p.bind(a, u, dh0, **params)
+
+
+def _transpose(ct, a, b, h0, *, reverse, dense, method, chunk_size):
+    if ad.is_undefined_primal(a):
+        raise NotImplementedError("linear_recurrence is linear in (b, h0) only")
+    if type(ct) is ad.Zero:
+        return None, None, None
+    if method == "sequential":
+        # message form: reads `a` unshifted, no T-long copy
+        a_t = jnp.swapaxes(a, -1, -2) if dense else a
+        lam, ct_h0 = _loop(
+            a_t,
+            ct,
+            jnp.zeros(ct.shape[1:], ct.dtype),
+            axis=0,
+            reverse=not reverse,
+            dense=dense,
+            adjoint=True,
+        )
+    else:
+        # lam[t] = ct[t] + a[t+1]^T lam[t+1]: a reverse-time linear recurrence
+        a_t = jnp.swapaxes(a, -1, -2) if dense else a
+        a_adj = _shift_in(a_t, jnp.zeros((), a.dtype), not reverse)
+        lam = _linrec_p.bind(
+            a_adj,
+            ct,
+            jnp.zeros(ct.shape[1:], ct.dtype),
+            reverse=not reverse,
+            method=method,
+            chunk_size=chunk_size,
+            dense=dense,
+        )
+        end = -1 if reverse else 0
+        ct_h0 = _apply(a_t[end], lam[end], dense)
+    ct_b = lam if ad.is_undefined_primal(b) else None
+    ct_h0 = ct_h0 if ad.is_undefined_primal(h0) else None
+    return None, ct_b, ct_h0
+
+
+def _batch(args, dims, **params):
+    a, b, h0 = args
+    da, db, dh0 = dims
+    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
+    # the batch axis becomes the first state axis, right after time
+    a = jnp.expand_dims(a, 1) if da is None else jnp.moveaxis(a, da, 1)
+    if db is None:
+        b = jnp.broadcast_to(b[:, None], (b.shape[0], size, *b.shape[1:]))
+    else:
+        b = jnp.moveaxis(b, db, 1)
+    if dh0 is None:
+        h0 = jnp.broadcast_to(h0, (size, *h0.shape))
+    else:
+        h0 = jnp.moveaxis(h0, dh0, 0)
+    return _linrec_p.bind(a, b, h0, **params), 1
+
+
+ad.primitive_jvps[_linrec_p] = _jvp
+ad.primitive_transposes[_linrec_p] = _transpose
+batching.primitive_batchers[_linrec_p] = _batch
+
+
+# --------------------------------------------------------------------------------------
+# Public entry point.
+# --------------------------------------------------------------------------------------
+
+
+def _auto_method() -> str:
+    # Measured (docs/benchmarks.md): on CPU the per-step cost of `lax.scan` is low and the
+    # parallel methods only add work; on accelerators each sequential step is a
+    # host-driven loop iteration and the chunked method wins by orders of magnitude.
+    return "sequential" if jax.default_backend() == "cpu" else "chunked"
+
+
+def _as_array(name, x):
+    try:
+        return jnp.asarray(x)
+    except TypeError as e:
+        raise ValueError(f"linear_recurrence: `{name}` is not an array: {e}") from None
+
+
+def _broadcasts_to(shape, target) -> bool:
+    try:
+        return np.broadcast_shapes(shape, target) == tuple(target)
+    except ValueError:
+        return False
+
+
+def _check_dtype(name, x, dtype):
+    weak = getattr(x, "weak_type", False)
+    if not jnp.issubdtype(x.dtype, jnp.inexact) and not weak:
+        raise ValueError(
+            f"linear_recurrence: `{name}` must be floating or complex, got dtype {x.dtype}"
+        )
+    if x.dtype != dtype:
+        if weak and jnp.can_cast(x.dtype, dtype, casting="same_kind"):
+            return x.astype(dtype)
+        raise ValueError(
+            f"linear_recurrence: `{name}` has dtype {x.dtype} but `b` has dtype {dtype}; "
+            "cast them to one dtype"
+        )
+    return x
+
+
+def linear_recurrence(
+    a: Inexact[ArrayLike, "..."],
+    b: Inexact[ArrayLike, "T *S"],
+    h0: Inexact[ArrayLike, "*S"] | None = None,
+    *,
+    reverse: bool = False,
+    method: Method = "auto",
+    chunk_size: int | None = None,
+) -> Inexact[Array, "T *S"]:
+    """All states of the linear recurrence `h[t] = a[t] * h[t-1] + b[t]`, `h[-1] = h0`.
+
+    Time is axis 0. `a` acts on the state either elementwise (diagonal, per channel, or a
+    scalar per step: any shape broadcastable to `b`) or, when `a.ndim == b.ndim + 1`, as a
+    matrix on the last axis: `h[t] = a[t] @ h[t-1] + b[t]` with `a` of shape
+    `(T, *S[:-1], d, d)` (leading axes broadcastable). Real and complex dtypes are
+    supported. Differentiable in forward and reverse mode with respect to `a`, `b` and
+    `h0`; the backward pass is itself one linear recurrence, run with the same method.
+
+    **Arguments:**
+
+    - `a`: the coefficients, elementwise (broadcastable to `b`) or dense (see above). A
+        `T`-long time axis may be omitted for elementwise `a` (it is then shared by all
+        steps); dense `a` always has a time axis, of length `T` or 1.
+    - `b`: the inputs, shape `(T, *S)`.
+    - `h0`: the state before the first step, shape `S`. Defaults to zeros.
+    - `reverse`: run from the end: `h[t] = a[t] * h[t+1] + b[t]`, `h[T] = h0`.
+    - `method`: `"sequential"` (`lax.scan`), `"associative"` (`lax.associative_scan`),
+        `"chunked"` (sequential inside chunks of `chunk_size` steps, vectorised across
+        chunks, associative scan over chunk summaries), or `"auto"`: sequential on CPU and
+        chunked on accelerators (measured; see the benchmarks page). `"auto"` with a
+        `chunk_size` means chunked.
+    - `chunk_size`: steps per chunk for `"chunked"`; defaults to about `sqrt(T)`.
+
+    **Returns:**
+
+    `hs` with the shape and dtype of `b`: `hs[t]` is the state after step `t`.
+
+    **Raises:**
+
+    `ValueError` at trace time for arguments whose shapes or dtypes do not fit together,
+    an unknown `method`, or a `chunk_size` that is not a positive integer.
+    """
+    if method not in _METHODS:
+        raise ValueError(
+            f"linear_recurrence: `method` must be one of {_METHODS}, got {method!r}"
+        )
+    if chunk_size is not None:
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)):
+            raise ValueError(
+                f"linear_recurrence: `chunk_size` must be a positive int, got {chunk_size!r}"
+            )
+        if chunk_size < 1:
+            raise ValueError(
+                f"linear_recurrence: `chunk_size` must be >= 1, got {chunk_size}"
+            )
+        if method == "auto":
+            method = "chunked"
+        elif method != "chunked":
+            raise ValueError(
+                f"linear_recurrence: `chunk_size` only applies to method='chunked', "
+                f"got method={method!r} with chunk_size={chunk_size}"
+            )
+        chunk_size = int(chunk_size)
+    b = _as_array("b", b)
+    a = _as_array("a", a)
+    if b.ndim == 0:
+        raise ValueError(
+            "linear_recurrence: `b` must have a leading time axis, got a scalar"
+        )
+    if not jnp.issubdtype(b.dtype, jnp.inexact):
+        raise ValueError(
+            f"linear_recurrence: `b` must be floating or complex, got dtype {b.dtype}"
+        )
+    a = _check_dtype("a", a, b.dtype)
+    length, state = b.shape[0], b.shape[1:]
+    dense = a.ndim == b.ndim + 1
+    if dense:
+        if b.ndim < 2:
+            raise ValueError(
+                f"linear_recurrence: dense `a` (ndim {a.ndim}) needs `b` with a state "
+                f"axis, got `b` with shape {b.shape}"
+            )
+        d = state[-1]
+        if a.shape[-2:] != (d, d):
+            raise ValueError(
+                f"linear_recurrence: dense `a` must end in ({d}, {d}) to act on the "
+                f"last axis of `b` (shape {b.shape}), got `a` with shape {a.shape}"
+            )
+        lead = a.shape[:-2]
+        if lead[0] not in (1, length) or not _broadcasts_to(lead, b.shape[:-1]):
+            raise ValueError(
+                f"linear_recurrence: dense `a` with shape {a.shape} does not fit `b` with "
+                f"shape {b.shape}: expected (T, *S[:-1], d, d) = "
+                f"{(length, *state[:-1], d, d)}, leading axes broadcastable"
+            )
+    else:
+        if not _broadcasts_to(a.shape, b.shape):
+            hint = ""
+            if a.ndim == 1 and a.shape[0] == length and b.ndim > 1:
+                hint = " (for one scalar per step, give `a` shape (T, 1, ...))"
+            if a.ndim > b.ndim + 1:
+                hint = f" (dense `a` has exactly b.ndim + 1 = {b.ndim + 1} axes)"
+            raise ValueError(
+                f"linear_recurrence: `a` with shape {a.shape} is not broadcastable to "
+                f"`b` with shape {b.shape}{hint}"
+            )
+        a = a.reshape((1,) * (b.ndim - a.ndim) + a.shape)
+    # materialise the time axis only: other axes stay broadcast
+    a = jnp.broadcast_to(a, (length, *a.shape[1:]))
+    if h0 is None:
+        h0 = jnp.zeros(state, b.dtype)
+    else:
+        h0 = _check_dtype("h0", _as_array("h0", h0), b.dtype)
+        if h0.shape != state:
+            raise ValueError(
+                f"linear_recurrence: `h0` must have shape {state} (that of `b` "
+                f"{b.shape} without its time axis), got {h0.shape}"
+            )
+    if length == 0:
+        return jnp.zeros_like(b)
+    if method == "auto":
+        method = _auto_method()
+    if method == "chunked" and chunk_size is None:
+        chunk_size = default_chunk_size(length)
+    if method != "chunked":
+        chunk_size = None
+    return _linrec_p.bind(
+        a, b, h0, reverse=bool(reverse), method=method, chunk_size=chunk_size, dense=dense
+    )

@@ -1,0 +1,104 @@
+"""Shared test helpers: random problems and float64 references."""
+
+import jax
+import jax.lax as lax
+import jax.numpy as jnp
+import numpy as np
+
+
+KINDS = ("diagonal", "scalar", "dense")
+
+
+def tolerance(dtype) -> dict:
+    """`rtol`/`atol` for comparing against a float64 reference."""
+    if jnp.finfo(dtype).bits <= 32:
+        return dict(rtol=2e-4, atol=2e-4)
+    return dict(rtol=1e-10, atol=1e-10)
+
+
+def make_linear_problem(seed, length, state=(3,), kind="diagonal", dtype=np.float64):
+    """Random stable `(a, b, h0)` for `linear_recurrence`.
+
+    `kind` is `"diagonal"` (`a` like `b`), `"scalar"` (one coefficient per step, shape
+    `(T, 1, ...)`) or `"dense"` (`a` of shape `(T, *S[:-1], d, d)`). Coefficients have
+    modulus below one so that long sequences stay bounded.
+    """
+    rng = np.random.default_rng(seed)
+    cplx = np.issubdtype(dtype, np.complexfloating)
+
+    def draw(shape, scale=1.0):
+        x = rng.normal(size=shape) * scale
+        if cplx:
+            x = x + 1j * rng.normal(size=shape) * scale
+        return x
+
+    if kind == "diagonal":
+        a = rng.uniform(0.3, 0.99, (length, *state)) * np.exp(
+            1j * rng.uniform(-1, 1, (length, *state)) if cplx else 0
+        )
+    elif kind == "scalar":
+        shape = (length, *([1] * len(state)))
+        a = rng.uniform(0.3, 0.99, shape) * np.exp(
+            1j * rng.uniform(-1, 1, shape) if cplx else 0
+        )
+    elif kind == "dense":
+        d = state[-1]
+        a = draw((length, *state[:-1], d, d), 0.9 / np.sqrt(2 * d))
+    else:
+        raise ValueError(kind)
+    b = draw((length, *state))
+    h0 = draw(state)
+    return a.astype(dtype), b.astype(dtype), h0.astype(dtype)
+
+
+def reference_linear(a, b, h0=None, reverse=False):
+    """The recurrence by a plain Python loop in float64 / complex128 numpy."""
+    a = np.asarray(a)
+    b = np.asarray(b)
+    dtype = np.complex128 if np.iscomplexobj(a) or np.iscomplexobj(b) else np.float64
+    a, b = a.astype(dtype), b.astype(dtype)
+    dense = a.ndim == b.ndim + 1
+    h = np.zeros(b.shape[1:], dtype) if h0 is None else np.asarray(h0, dtype)
+    a = np.broadcast_to(a, (b.shape[0], *a.shape[1:])) if a.ndim == b.ndim + 1 else a
+    a = a.reshape((1,) * (b.ndim - a.ndim) + a.shape) if not dense else a
+    hs = np.zeros(b.shape, dtype)
+    steps = range(b.shape[0] - 1, -1, -1) if reverse else range(b.shape[0])
+    for t in steps:
+        a_t = a[min(t, a.shape[0] - 1)]
+        h = (a_t @ h[..., None])[..., 0] + b[t] if dense else a_t * h + b[t]
+        hs[t] = h
+    return hs
+
+
+def scan_linear(a, b, h0, reverse=False):
+    """The recurrence by a plain `lax.scan`, differentiated by JAX's own autodiff."""
+    dense = a.ndim == b.ndim + 1
+
+    def step(h, ab):
+        a_t, b_t = ab
+        h = (a_t @ h[..., None])[..., 0] + b_t if dense else a_t * h + b_t
+        return h, h
+
+    a = jnp.broadcast_to(a, (b.shape[0], *a.shape[1:]))
+    return lax.scan(step, h0, (a, b), reverse=reverse)[1]
+
+
+def random_cotangent(seed, like):
+    """A random array shaped like `like` (complex if `like` is)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=like.shape)
+    if jnp.iscomplexobj(like):
+        x = x + 1j * rng.normal(size=like.shape)
+    return jnp.asarray(x, like.dtype)
+
+
+def assert_allclose(actual, desired, dtype=None):
+    dtype = jnp.result_type(actual) if dtype is None else dtype
+    np.testing.assert_allclose(np.asarray(actual), np.asarray(desired), **tolerance(dtype))
+
+
+def tree_allclose(x, y, **kwargs):
+    return all(
+        np.allclose(np.asarray(a), np.asarray(b), **kwargs)
+        for a, b in zip(jax.tree_util.tree_leaves(x), jax.tree_util.tree_leaves(y))
+    )

@@ -59,6 +59,18 @@ def _identity_like(a, dense: bool):
     return jnp.ones((), a.dtype)
 
 
+def _at(x, s, axis: int):
+    """Step `s` of `x` along `axis`; an axis of length 1 is shared by every step."""
+    if x.shape[axis] == 1:
+        return lax.index_in_dim(x, 0, axis, keepdims=False)
+    return lax.dynamic_index_in_dim(x, s, axis, keepdims=False)
+
+
+def _full_time(a, length: int):
+    """`a` with its (possibly shared, length-1) time axis materialised to `length`."""
+    return jnp.broadcast_to(a, (length, *a.shape[1:]))
+
+
 def _shift_in(xs, x0, reverse: bool):
     """`xs` moved one step later in time (earlier if `reverse`), with `x0` entering."""
     x0 = jnp.broadcast_to(x0, xs.shape[1:])[None]
@@ -68,41 +80,59 @@ def _shift_in(xs, x0, reverse: bool):
 
 
 # --------------------------------------------------------------------------------------
-# The three evaluation strategies. Each takes `a` with the time axis materialised and
-# other axes broadcastable against `b`, `b` of shape (T, *S) and `h0` of shape S.
+# The three evaluation strategies. Each takes `a` whose time axis has length T or 1
+# (shared by all steps) and whose other axes broadcast against `b`, `b` of shape
+# (T, *S) and `h0` of shape S.
 # --------------------------------------------------------------------------------------
 
 
 def _loop(a, b, h0, *, axis: int, reverse: bool, dense: bool, emit=True, adjoint=False):
     """The one sequential loop: the recurrence along `axis` of `a` and `b`.
 
-    `axis=0` is time; `axis=1` runs inside chunks laid out as `(K, C, ...)`, vectorised
-    over the K chunks, reading and writing strided slices so that no transposed copy is
-    ever made. Returns `(hs, h_final)`; `hs` is `None` unless `emit`.
+    `axis=0` is time, run by `lax.scan`. `axis=1` runs inside chunks laid out as
+    `(K, C, ...)`, vectorised over the K chunks by a `fori_loop` that reads and writes
+    strided slices, so that no transposed copy is ever made; its states go to a fresh
+    buffer that nothing else reads (a loop that read and overwrote one buffer lets XLA
+    copy the whole buffer on every step, O(T^2): jax #10197). Returns `(hs, h_final)`;
+    `hs` is `None` unless `emit`.
 
-    With `adjoint=True` it runs the transposed recurrence in message form: it emits
-    `lam = b[s] + m` and carries `m = a[s] lam`, so the caller's shifted recurrence
-    `lam[t] = b[t] + a[t+1] lam[t+1]` needs no shifted copy of `a`, and the final carry
-    is the cotangent of the initial state.
+    `adjoint=True` runs the transposed recurrence `lam[t] = b[t] + a[t+1] lam[t+1]`
+    (indices mirrored if `reverse`) in message form: it emits `lam = b[s] + m` and
+    carries `m = a[s] lam`, so `a` is read unshifted (no T-long copy) and the final
+    carry is the cotangent of the initial state.
     """
+
+    def step(h, a_s, b_s):
+        if adjoint:
+            y = b_s + h
+            return _apply(a_s, y, dense), y
+        h = _apply(a_s, h, dense) + b_s
+        return h, h
+
+    if axis == 0:
+        shared = a.shape[0] == 1
+
+        def scan_step(h, ab):
+            a_s, b_s = ab
+            h, y = step(h, a[0] if shared else a_s, b_s)
+            return h, (y if emit else None)
+
+        xs = (None if shared else a, b)
+        h_final, hs = lax.scan(scan_step, h0, xs, reverse=reverse)
+        return hs, h_final
+
     n = b.shape[axis]
-    out = jnp.zeros_like(b) if emit else None
 
     def body(i, carry):
         h, out = carry
         s = n - 1 - i if reverse else i
-        a_s = lax.dynamic_index_in_dim(a, s, axis=axis, keepdims=False)
-        b_s = lax.dynamic_index_in_dim(b, s, axis=axis, keepdims=False)
-        if adjoint:
-            y = b_s + h
-            h = _apply(a_s, y, dense)
-        else:
-            h = y = _apply(a_s, h, dense) + b_s
+        b_s = lax.dynamic_index_in_dim(b, s, axis, keepdims=False)
+        h, y = step(h, _at(a, s, axis), b_s)
         if emit:
-            out = lax.dynamic_update_index_in_dim(out, y, s, axis=axis)
+            out = lax.dynamic_update_index_in_dim(out, y, s, axis)
         return h, out
 
-    h_final, hs = lax.fori_loop(0, n, body, (h0, out))
+    h_final, hs = lax.fori_loop(0, n, body, (h0, jnp.zeros_like(b) if emit else None))
     return hs, h_final
 
 
@@ -114,6 +144,7 @@ def _sequential(a, b, h0, *, reverse: bool, dense: bool):
 def _associative(a, b, h0, *, reverse: bool, dense: bool):
     """`lax.associative_scan` on `(a, b)` pairs: depth `O(log T)`, work `O(T log T)`."""
     first = -1 if reverse else 0
+    a = _full_time(a, b.shape[0])
     b = b.at[first].add(_apply(a[first], h0, dense))
 
     def combine(earlier, later):
@@ -137,8 +168,8 @@ def _doubling(a, b, h0, *, reverse: bool, dense: bool):
     """
     n = b.shape[0]
     first = -1 if reverse else 0
+    a = _full_time(a, n)
     b = b.at[first].add(_apply(a[first], h0, dense))
-    a = jnp.broadcast_to(a, b.shape[:1] + a.shape[1:])
     pad_a = jnp.broadcast_to(_identity_like(a, dense), a.shape)
     pad_b = jnp.zeros_like(b)
 
@@ -169,20 +200,25 @@ def _chunked(a, b, h0, *, reverse: bool, dense: bool, chunk_size: int):
     besides the inputs and the output is stored. Depth `O(T/K + log K)`.
     """
     length = b.shape[0]
-    ac, bc = to_chunks(
-        (a, b), chunk_size, fill=(_identity_like(a, dense), 0), front=reverse
-    )
+    # Padding goes last in processing order (the end of time, or its start if
+    # `reverse`): padded steps never reach a real one, so zeros do as filler.
+    bc = to_chunks(b, chunk_size, fill=0, front=reverse)
     zeros = jnp.zeros((bc.shape[0], *bc.shape[2:]), b.dtype)
+    if a.shape[0] == 1:  # shared by all steps
+        ac = a[None]
+    else:
+        ac = to_chunks(a, chunk_size, fill=0, front=reverse)
     if dense:
         # the chunk's transition matrix: the ordered product of its C matrices
         eye = jnp.broadcast_to(_identity_like(a, dense), (ac.shape[0], *ac.shape[2:]))
 
         def step(i, p):
             s = chunk_size - 1 - i if reverse else i
-            a_s = lax.dynamic_index_in_dim(ac, s, axis=1, keepdims=False)
-            return _compose(a_s, p, dense)
+            return _compose(_at(ac, s, axis=1), p, dense)
 
         p = lax.fori_loop(0, chunk_size, step, eye)
+    elif a.shape[0] == 1:
+        p = lax.integer_pow(ac[:, 0], chunk_size)
     else:
         p = jnp.prod(ac, axis=1)
     _, e = _loop(ac, bc, zeros, axis=1, reverse=reverse, dense=dense, emit=False)
@@ -234,33 +270,28 @@ def _transpose(ct, a, b, h0, *, reverse, dense, method, chunk_size):
         raise NotImplementedError("linear_recurrence is linear in (b, h0) only")
     if type(ct) is ad.Zero:
         return None, None, None
+    a_t = jnp.swapaxes(a, -1, -2) if dense else a
+    lam_0 = jnp.zeros(ct.shape[1:], ct.dtype)
+    # lam[t] = ct[t] + a[t+1]^T lam[t+1]: a linear recurrence in the other direction,
+    # with coefficients one step ahead (behind if `reverse`)
     if method == "sequential":
-        # message form: reads `a` unshifted, no T-long copy
-        a_t = jnp.swapaxes(a, -1, -2) if dense else a
         lam, ct_h0 = _loop(
-            a_t,
-            ct,
-            jnp.zeros(ct.shape[1:], ct.dtype),
-            axis=0,
-            reverse=not reverse,
-            dense=dense,
-            adjoint=True,
+            a_t, ct, lam_0, axis=0, reverse=not reverse, dense=dense, adjoint=True
         )
     else:
-        # lam[t] = ct[t] + a[t+1]^T lam[t+1]: a reverse-time linear recurrence
-        a_t = jnp.swapaxes(a, -1, -2) if dense else a
-        a_adj = _shift_in(a_t, jnp.zeros((), a.dtype), not reverse)
+        # the value shifted in multiplies lam's zero initial state, so it is free
+        shared = a.shape[0] == 1
+        a_adj = a_t if shared else _shift_in(a_t, jnp.zeros((), a.dtype), not reverse)
         lam = _linrec_p.bind(
             a_adj,
             ct,
-            jnp.zeros(ct.shape[1:], ct.dtype),
+            lam_0,
             reverse=not reverse,
             method=method,
             chunk_size=chunk_size,
             dense=dense,
         )
-        end = -1 if reverse else 0
-        ct_h0 = _apply(a_t[end], lam[end], dense)
+        ct_h0 = _apply(a_t[-1 if reverse else 0], lam[-1 if reverse else 0], dense)
     ct_b = lam if ad.is_undefined_primal(b) else None
     ct_h0 = ct_h0 if ad.is_undefined_primal(h0) else None
     return None, ct_b, ct_h0
@@ -437,8 +468,8 @@ def linear_recurrence(
                 f"`b` with shape {b.shape}{hint}"
             )
         a = a.reshape((1,) * (b.ndim - a.ndim) + a.shape)
-    # materialise the time axis only: other axes stay broadcast
-    a = jnp.broadcast_to(a, (length, *a.shape[1:]))
+    # `a` keeps a time axis of length 1 when it is shared by all steps; other axes stay
+    # broadcast too: neither is ever materialised by the sequential and chunked methods
     if h0 is None:
         h0 = jnp.zeros(state, b.dtype)
     else:

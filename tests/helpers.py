@@ -1,5 +1,7 @@
 """Shared test helpers: random problems and float64 references."""
 
+import re
+
 import jax
 import jax.lax as lax
 import jax.numpy as jnp
@@ -102,3 +104,24 @@ def tree_allclose(x, y, **kwargs):
         np.allclose(np.asarray(a), np.asarray(b), **kwargs)
         for a, b in zip(jax.tree_util.tree_leaves(x), jax.tree_util.tree_leaves(y))
     )
+
+
+def loop_body_copies(hlo_text: str, min_elements: int) -> list[str]:
+    """Lines of `while` bodies in compiled HLO text that copy an array of at least
+    `min_elements` elements.
+
+    A T-long buffer copied inside a loop body makes the loop O(T^2) (jax #10197).
+    """
+    bodies = set(re.findall(r"body=%?([\w.\-]+)", hlo_text))
+    copy = re.compile(r"= \w+\[([\d,]*)\]\S* copy\(")
+    found, current = [], None
+    for line in hlo_text.splitlines():
+        header = re.match(r"^%?([\w.\-]+) \(.*\{$", line)
+        if header:
+            current = header.group(1)
+        elif line.startswith("}"):
+            current = None
+        elif current in bodies and (m := copy.search(line)):
+            if int(np.prod([int(n) for n in m.group(1).split(",") if n])) >= min_elements:
+                found.append(line.strip())
+    return found

@@ -16,6 +16,7 @@ import pscan
 from .helpers import (
     KINDS,
     assert_allclose,
+    loop_body_copies,
     make_linear_problem,
     random_cotangent,
     reference_linear,
@@ -285,6 +286,28 @@ def test_grad_memory_saves_only_inputs_and_states():
     ours = temp_bytes(lambda a, b: jnp.sum(pscan.linear_recurrence(a, b, method="sequential")))
     plain = temp_bytes(lambda a, b: jnp.sum(scan_linear(a, b, jnp.zeros(d, a.dtype))))
     assert ours <= plain
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("method", METHODS)
+def test_no_buffer_copy_inside_loops(method, shared):
+    """jax #10197: a loop body that copies a T-long buffer makes the pass O(T^2).
+
+    Checked on the compiled forward and gradient of a typical loss, with coefficients
+    per step and shared by all steps (a regression seen here: 7 s at T = 16384).
+    """
+    length, d = 1031, 8
+    x = jnp.asarray(np.random.default_rng(0).normal(size=length), jnp.float32)
+    p = jnp.linspace(-1.0, 2.0, d, dtype=jnp.float32)
+
+    def loss(p, x):
+        a = jax.nn.sigmoid(p) * jnp.ones((length if not shared else 1, d), p.dtype)
+        hs = pscan.linear_recurrence(a, (1 - a) * x[:, None], **_kwargs(method, 16))
+        return jnp.mean((hs - x[:, None]) ** 2)
+
+    for fn in (loss, jax.grad(loss)):
+        hlo = jax.jit(fn).lower(p, x).compile().as_text()
+        assert loop_body_copies(hlo, length * d) == []
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,6 +1,14 @@
 """pscan: long recurrences in JAX, in parallel and exactly differentiable."""
 
 from ._linear import linear_recurrence as linear_recurrence
+from ._recurrence import recurrence as recurrence
+from ._solution import RESULTS as RESULTS, Solution as Solution
+from ._solvers import (
+    AbstractSolver as AbstractSolver,
+    Newton as Newton,
+    Picard as Picard,
+    Sequential as Sequential,
+)
 
 
 __version__ = "0.1.0"

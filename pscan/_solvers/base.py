@@ -1,0 +1,261 @@
+"""Shared machinery of the solvers: the flattened problem, chunked runs, and the
+parallel-in-time iteration with its implicit gradient.
+
+Every solver sees the recurrence as `h[t] = f(x[t], h[t-1])` on a flat state vector of
+size `d` (pytree states are raveled). The parallel solvers split time into K chunks of C
+steps; their unknowns are the chunk-start states `s[k]` (`s[0] = h0`), which satisfy
+`s[k+1] = F_k(s[k])`, where `F_k` runs the cell exactly and sequentially over chunk k.
+"""
+
+import abc
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import equinox as eqx
+import jax
+import jax.lax as lax
+import jax.numpy as jnp
+from jaxtyping import Array, PyTree
+
+from .._chunking import from_chunks, to_chunks
+from .._linear import linear_recurrence
+from .._solution import RESULTS
+
+
+class Problem(eqx.Module):
+    """`h[t] = step(params, x[t], h[t-1])` on flat states, `h[-1] = h0`."""
+
+    step: Callable = eqx.field(static=True)
+    params: PyTree
+    xs: PyTree[Array]
+    h0: Array
+
+    @property
+    def length(self) -> int:
+        return jax.tree_util.tree_leaves(self.xs)[0].shape[0]
+
+    def scan(self, h0, xs, emit=True, params=None):
+        """The sequential recurrence over `xs` from `h0`: `(hs or None, h_final)`."""
+        params = self.params if params is None else params
+
+        def body(h, x):
+            h = self.step(params, x, h)
+            return h, (h if emit else None)
+
+        h_final, hs = lax.scan(body, h0, xs)
+        return hs, h_final
+
+
+class AbstractSolver(eqx.Module):
+    """Base class of the solvers passed to `pscan.recurrence`."""
+
+    @abc.abstractmethod
+    def solve(self, problem: Problem) -> tuple[Array, RESULTS, dict[str, Any]]:
+        """Returns the flat states `(T, d)`, a `RESULTS` code and statistics."""
+
+
+def _check_positive_int(owner, name, value, allow_none=False):
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{owner}: `{name}` must be a positive int, got {value!r}")
+
+
+def _check_tolerance(owner, name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"{owner}: `{name}` must be a non-negative number, got {value!r}")
+
+
+class AbstractShootingSolver(AbstractSolver):
+    """Iterates on the chunk-start states; exact sequential runs inside chunks.
+
+    Subclasses give `_update`: the new chunk starts from the current ones. The
+    gradient is implicit: at the solution the backward pass solves the transposed
+    boundary recurrence `mu[k] = c[k] + J_k^T mu[k+1]` with `pscan.linear_recurrence`
+    and takes vectorised per-chunk VJPs; it never differentiates through iterations.
+    """
+
+    chunk_size: eqx.AbstractVar[int]
+    max_iters: eqx.AbstractVar[int]
+    rtol: eqx.AbstractVar[float]
+    atol: eqx.AbstractVar[float]
+    fallback: eqx.AbstractVar[str | None]
+    name: ClassVar[str] = "solver"
+
+    def __check_init__(self):
+        _check_positive_int(self.name, "chunk_size", self.chunk_size)
+        _check_positive_int(self.name, "max_iters", self.max_iters)
+        _check_tolerance(self.name, "rtol", self.rtol)
+        _check_tolerance(self.name, "atol", self.atol)
+        if self.fallback not in (None, "sequential"):
+            raise ValueError(
+                f"{self.name}: `fallback` must be None or 'sequential', got "
+                f"{self.fallback!r}"
+            )
+
+    @abc.abstractmethod
+    def _update(self, chunk_end, starts, xs, h0) -> Array:
+        """New chunk starts `(K, d)` (the first is `h0`) from the current ones."""
+
+    def solve(self, problem):
+        params, static_params = eqx.partition(problem.params, eqx.is_inexact_array)
+        vjp_arg = (params, problem.xs, problem.h0)
+        static = (problem.step, static_params)
+        return _shooting_solve(vjp_arg, static, self)
+
+
+# --------------------------------------------------------------------------------------
+# chunked runs
+# --------------------------------------------------------------------------------------
+
+
+def chunk_xs(problem: Problem, chunk_size: int):
+    """`xs` as `(K, C, ...)`; the tail is padded with the last input (padded steps come
+    after every real one, so they never affect a real state)."""
+    last = jax.tree_util.tree_map(lambda x: x[-1], problem.xs)
+    return to_chunks(problem.xs, chunk_size, fill=last)
+
+
+def chunk_end(problem, s, xs_k):
+    """`F_k(s)`: the state after running one chunk from `s`."""
+    return problem.scan(s, xs_k, emit=False)[1]
+
+
+def run_chunks(problem, starts, xs_chunks):
+    """All chunks from their starts, in parallel: states `(T, d)`."""
+    hs, _ = jax.vmap(problem.scan, in_axes=(0, 0))(starts, xs_chunks)
+    return from_chunks(hs, problem.length)
+
+
+def shift_in(h0, ends):
+    """Chunk starts from chunk ends: `starts[0] = h0`, `starts[k+1] = ends[k]`."""
+    return jnp.concatenate([h0[None], ends[:-1]])
+
+
+def _scaled_change(new, old, rtol, atol):
+    """`max |new - old| / (atol + rtol |new|)`: converged when `<= 1`."""
+    scale = atol + rtol * jnp.abs(new)
+    return jnp.max(jnp.abs(new - old) / scale, initial=0.0)
+
+
+def _iterate(solver, problem, xs_chunks):
+    """The solver's sweeps in a `while_loop`. Returns `(starts, iters, change, finite)`."""
+    dtype = problem.h0.dtype
+    k = jax.tree_util.tree_leaves(xs_chunks)[0].shape[0]
+    starts = jnp.broadcast_to(problem.h0, (k, problem.h0.shape[0]))
+    end = jax.tree_util.Partial(chunk_end, problem)
+
+    def cond(carry):
+        _, it, change, finite = carry
+        return (it < solver.max_iters) & (change > 1) & finite
+
+    def body(carry):
+        starts, it, _, _ = carry
+        new = solver._update(end, starts, xs_chunks, problem.h0)
+        finite = jnp.all(jnp.isfinite(new))
+        # a non-finite linearised step falls back to a Picard sweep from the last
+        # finite guess, which always makes progress (one more chunk becomes exact)
+        picard = shift_in(problem.h0, jax.vmap(end)(starts, xs_chunks))
+        new = jnp.where(finite, new, picard)
+        finite = jnp.all(jnp.isfinite(new))
+        new = jnp.where(finite, new, starts)
+        change = _scaled_change(new, starts, solver.rtol, solver.atol)
+        return new, it + 1, change, finite
+
+    init = (starts, jnp.array(0), jnp.array(jnp.inf, dtype.type(0).real.dtype), jnp.array(True))
+    return lax.while_loop(cond, body, init)
+
+
+# --------------------------------------------------------------------------------------
+# the solve and its implicit gradient
+# --------------------------------------------------------------------------------------
+
+
+def _problem(vjp_arg, static) -> Problem:
+    params, xs, h0 = vjp_arg
+    step, static_params = static
+    return Problem(step, eqx.combine(params, static_params), xs, h0)
+
+
+@eqx.filter_custom_vjp
+def _shooting_solve(vjp_arg, static, solver):
+    hs, result, stats, _ = _shooting_forward(vjp_arg, static, solver)
+    return hs, result, stats
+
+
+def _shooting_forward(vjp_arg, static, solver):
+    problem = _problem(vjp_arg, static)
+    xs_chunks = chunk_xs(problem, solver.chunk_size)
+    starts, iters, change, finite = _iterate(solver, problem, xs_chunks)
+    converged = finite & (change <= 1)
+    fell_back = jnp.array(False)
+    if solver.fallback == "sequential":
+        fell_back = ~converged
+
+        def exact_starts():
+            # the chunk starts of the exact sequential solution
+            hs = problem.scan(problem.h0, problem.xs)[0]
+            ends = hs[solver.chunk_size - 1 :: solver.chunk_size]
+            return jnp.concatenate([problem.h0[None], ends[: starts.shape[0] - 1]])
+
+        starts = lax.cond(fell_back, exact_starts, lambda: starts)
+        result = RESULTS.successful
+    else:
+        result = RESULTS.where(
+            converged,
+            RESULTS.successful,
+            RESULTS.where(finite, RESULTS.max_iters_reached, RESULTS.nonfinite),
+        )
+    hs = run_chunks(problem, starts, xs_chunks)
+    stats = {"num_iterations": iters, "max_residual": change, "fell_back": fell_back}
+    return hs, result, stats, starts
+
+
+@_shooting_solve.def_fwd
+def _shooting_solve_fwd(perturbed, vjp_arg, static, solver):
+    del perturbed
+    hs, result, stats, starts = _shooting_forward(vjp_arg, static, solver)
+    return (hs, result, stats), starts
+
+
+@_shooting_solve.def_bwd
+def _shooting_solve_bwd(starts, grad_obj, perturbed, vjp_arg, static, solver):
+    del perturbed
+    ct_hs = grad_obj[0]
+    problem = _problem(vjp_arg, static)
+    params = vjp_arg[0]
+    c = solver.chunk_size
+    xs_chunks = chunk_xs(problem, c)
+    k = starts.shape[0]
+    if ct_hs is None:
+        ct_hs = jnp.zeros((problem.length, *problem.h0.shape), problem.h0.dtype)
+    ct_chunks = jnp.pad(ct_hs, ((0, k * c - problem.length), (0, 0))).reshape(k, c, -1)
+
+    def chunk(params, s, xs_k):
+        return problem.scan(s, xs_k, params=eqx.combine(params, static[1]))
+
+    # c[k] = (d hs_k / d s_k)^T ct_k
+    def local(s, xs_k, ct_k):
+        _, vjp = jax.vjp(lambda s: chunk(params, s, xs_k)[0], s)
+        return vjp(ct_k)[0]
+
+    c_k = jax.vmap(local)(starts, xs_chunks, ct_chunks)
+    # the chunk Jacobians J_k = d F_k / d s_k by forward mode, all chunks at once
+    head = jax.tree_util.tree_map(lambda x: x[:-1], xs_chunks)
+    jac = jax.vmap(jax.jacfwd(lambda s, xs_k: chunk(params, s, xs_k)[1]))(starts[:-1], head)
+    # mu[k] = c[k] + J_k^T mu[k+1]: a reverse-time dense linear recurrence over chunks
+    d = problem.h0.shape[0]
+    a = jnp.concatenate([jnp.swapaxes(jac, -1, -2), jnp.zeros((1, d, d), jac.dtype)])
+    mu = linear_recurrence(a, c_k, reverse=True)
+    # cotangents of params and xs: one vectorised VJP per chunk, the cotangent of each
+    # chunk's end being the next chunk's mu
+    mu_next = jnp.concatenate([mu[1:], jnp.zeros_like(mu[:1])])
+
+    def grads(s, xs_k, ct_k, mu_k):
+        _, vjp = jax.vjp(lambda p, xs_k: chunk(p, s, xs_k), params, xs_k)
+        return vjp((ct_k, mu_k))
+
+    ct_params, ct_xs = jax.vmap(grads)(starts, xs_chunks, ct_chunks, mu_next)
+    ct_params = jax.tree_util.tree_map(lambda g: jnp.sum(g, axis=0), ct_params)
+    ct_xs = from_chunks(ct_xs, problem.length)
+    return ct_params, ct_xs, mu[0]

@@ -1,0 +1,54 @@
+import equinox as eqx
+import jax
+import jax.lax as lax
+import jax.numpy as jnp
+
+from .._chunking import from_chunks
+from .._solution import RESULTS
+from .base import AbstractSolver, _check_positive_int, chunk_xs
+
+
+class Sequential(AbstractSolver):
+    """The exact recurrence, one step after another, by `lax.scan`.
+
+    Differentiated by JAX's autodiff through the scan. With `checkpoint=C`, only
+    every C-th state is kept for the backward pass and each chunk of C steps is
+    recomputed there, so a gradient over T steps holds the outputs plus `O(T/C + C)`
+    states' worth of residuals instead of every step's.
+
+    **Arguments:**
+
+    - `unroll`: passed to `lax.scan`.
+    - `checkpoint`: `None`, or the number of steps between stored states (about
+        `sqrt(T)` minimises memory).
+    """
+
+    unroll: int = eqx.field(static=True, default=1)
+    checkpoint: int | None = eqx.field(static=True, default=None)
+
+    def __check_init__(self):
+        _check_positive_int("Sequential", "unroll", self.unroll)
+        _check_positive_int("Sequential", "checkpoint", self.checkpoint, allow_none=True)
+
+    def solve(self, problem):
+        def step(h, x):
+            h = problem.step(problem.params, x, h)
+            return h, h
+
+        if self.checkpoint is None:
+            hs = lax.scan(step, problem.h0, problem.xs, unroll=self.unroll)[1]
+        else:
+
+            @jax.checkpoint
+            def chunk(h, xs_k):
+                h_end, hs_k = lax.scan(step, h, xs_k, unroll=self.unroll)
+                return h_end, hs_k
+
+            hs = lax.scan(chunk, problem.h0, chunk_xs(problem, self.checkpoint))[1]
+            hs = from_chunks(hs, problem.length)
+        stats = {
+            "num_iterations": jnp.array(0),
+            "max_residual": jnp.array(0.0, hs.real.dtype),
+            "fell_back": jnp.array(False),
+        }
+        return hs, RESULTS.successful, stats

@@ -85,7 +85,7 @@ def recurrence(
         )
     x0 = jax.tree_util.tree_map(lambda x: x[0], xs)
     try:
-        out = jax.eval_shape(lambda c, x, h: c(x, h), cell, x0, h0)
+        out = eqx.filter_eval_shape(lambda c, x, h: c(x, h), cell, x0, h0)
     except Exception as e:  # a cell that cannot take these shapes
         raise ValueError(
             f"recurrence: `cell(x_t, h)` failed for x_t {_shape_tree(x0)} and h "

@@ -2,6 +2,7 @@
 
 import re
 
+import equinox as eqx
 import jax
 import jax.lax as lax
 import jax.numpy as jnp
@@ -125,3 +126,37 @@ def loop_body_copies(hlo_text: str, min_elements: int) -> list[str]:
             if int(np.prod([int(n) for n in m.group(1).split(",") if n])) >= min_elements:
                 found.append(line.strip())
     return found
+
+
+class ElmanCell(eqx.Module):
+    """`tanh(W x + U h + b)`: a test cell (the library's own lives in `pscan.nn`)."""
+
+    w: jax.Array
+    u: jax.Array
+    bias: jax.Array
+
+    def __init__(self, n_in, n_hidden, *, key, scale=1.0, dtype=jnp.float64):
+        k1, k2, k3 = jax.random.split(key, 3)
+        self.w = jax.random.normal(k1, (n_hidden, n_in), dtype) / n_in**0.5
+        self.u = scale * jax.random.normal(k2, (n_hidden, n_hidden), dtype) / n_hidden**0.5
+        self.bias = 0.1 * jax.random.normal(k3, (n_hidden,), dtype)
+
+    def __call__(self, x, h):
+        return jnp.tanh(self.w @ x + self.u @ h + self.bias)
+
+
+def to_dtype(tree, dtype):
+    """Casts every floating array of a pytree (e.g. an Equinox cell) to `dtype`."""
+    return jax.tree_util.tree_map(
+        lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x, tree
+    )
+
+
+def scan_cell(cell, xs, h0):
+    """The recurrence by a plain `lax.scan` (JAX's own autodiff differentiates it)."""
+
+    def step(h, x):
+        h = cell(x, h)
+        return h, h
+
+    return lax.scan(step, h0, xs)[1]

@@ -1,0 +1,273 @@
+import dataclasses
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+import pscan
+
+from .helpers import ElmanCell, assert_allclose, scan_cell, to_dtype
+
+
+TIGHT = dict(rtol=1e-13, atol=1e-13)
+solve = eqx.filter_jit(pscan.recurrence)
+SOLVERS = {
+    "sequential": pscan.Sequential(),
+    "checkpointed": pscan.Sequential(checkpoint=6),
+    "picard": pscan.Picard(chunk_size=8, **TIGHT),
+    "deer": pscan.Newton(**TIGHT),
+    "quasi-deer": pscan.Newton(jacobian="diagonal", **TIGHT),
+    "shooting": pscan.Newton(chunk_size=8, **TIGHT),
+    "quasi-shooting": pscan.Newton(chunk_size=5, jacobian="diagonal", **TIGHT),
+    "damped": pscan.Newton(chunk_size=4, damping=0.3, **TIGHT),
+}
+LENGTH = 37  # a prime: no chunk size divides it
+
+
+def make_cell(name, dtype=jnp.float64, n_in=2, n_hidden=4):
+    key = jax.random.PRNGKey(0)
+    if name == "elman":
+        return ElmanCell(n_in, n_hidden, key=key, dtype=dtype), jnp.zeros(n_hidden, dtype)
+    if name == "gru":
+        cell = to_dtype(eqx.nn.GRUCell(n_in, n_hidden, key=key), dtype)
+        return cell, jnp.full(n_hidden, 0.1, dtype)
+    if name == "lstm":
+        cell = to_dtype(eqx.nn.LSTMCell(n_in, n_hidden, key=key), dtype)
+        return cell, (jnp.full(n_hidden, 0.1, dtype), jnp.zeros(n_hidden, dtype))
+    raise ValueError(name)
+
+
+def make_xs(length, n_in=2, dtype=jnp.float64, seed=1):
+    return jax.random.normal(jax.random.PRNGKey(seed), (length, n_in), dtype)
+
+
+@pytest.mark.parametrize("cell_name", ["elman", "gru", "lstm"])
+@pytest.mark.parametrize("solver", SOLVERS.values(), ids=SOLVERS.keys())
+def test_matches_sequential(solver, cell_name):
+    cell, h0 = make_cell(cell_name)
+    xs = make_xs(LENGTH)
+    sol = solve(cell, xs, h0, solver=solver)
+    assert sol.result == pscan.RESULTS.successful
+    ref = scan_cell(cell, xs, h0)
+    for x, y in zip(jax.tree_util.tree_leaves(sol.hs), jax.tree_util.tree_leaves(ref)):
+        assert x.shape == y.shape and x.dtype == y.dtype
+        np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-10)
+    assert set(sol.stats) == {"num_iterations", "max_residual", "fell_back"}
+
+
+@pytest.mark.parametrize("solver", SOLVERS.values(), ids=SOLVERS.keys())
+def test_float32(solver):
+    cell, h0 = make_cell("gru", jnp.float32, n_hidden=8)
+    xs = make_xs(200, dtype=jnp.float32)
+    if isinstance(solver, (pscan.Picard, pscan.Newton)):
+        solver = dataclasses.replace(solver, rtol=1e-6, atol=1e-6)
+    sol = solve(cell, xs, h0, solver=solver)
+    assert sol.hs.dtype == jnp.float32
+    np.testing.assert_allclose(sol.hs, scan_cell(cell, xs, h0), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("length", [1, 2, 8, 9])
+@pytest.mark.parametrize("solver", ["picard", "shooting", "deer"])
+def test_short_sequences(solver, length):
+    cell, h0 = make_cell("elman")
+    xs = make_xs(length)
+    sol = solve(cell, xs, h0, solver=SOLVERS[solver])
+    assert_allclose(sol.hs, scan_cell(cell, xs, h0))
+
+
+@pytest.mark.parametrize("solver", ["picard", "shooting", "quasi-deer"])
+def test_vmap_over_batch(solver):
+    cell, h0 = make_cell("gru")
+    xs = jnp.stack([make_xs(LENGTH, seed=s) for s in range(3)])
+    h0s = jnp.stack([h0, -h0, 2 * h0])
+    run = lambda xs, h0: pscan.recurrence(cell, xs, h0, solver=SOLVERS[solver]).hs
+    out = jax.jit(jax.vmap(run))(xs, h0s)
+    for i in range(3):
+        assert_allclose(out[i], scan_cell(cell, xs[i], h0s[i]))
+
+
+def _loss(cell, xs, h0, solver):
+    hs = pscan.recurrence(cell, xs, h0, solver=solver).hs
+    return sum(jnp.sum(jnp.sin(h) * (1 + jnp.arange(h.shape[0])[:, None] / 10))
+               for h in jax.tree_util.tree_leaves(hs))
+
+
+def _scan_loss(cell, xs, h0):
+    hs = scan_cell(cell, xs, h0)
+    return sum(jnp.sum(jnp.sin(h) * (1 + jnp.arange(h.shape[0])[:, None] / 10))
+               for h in jax.tree_util.tree_leaves(hs))
+
+
+@pytest.mark.parametrize("cell_name", ["elman", "lstm"])
+@pytest.mark.parametrize("solver", SOLVERS.values(), ids=SOLVERS.keys())
+def test_gradients_match_scan_autodiff(solver, cell_name):
+    """With respect to the cell's parameters, `xs` and `h0`, against `lax.scan`."""
+    cell, h0 = make_cell(cell_name)
+    xs = make_xs(LENGTH)
+    grad = eqx.filter_jit(eqx.filter_grad(lambda args: _loss(*args, solver)))
+    g = grad((cell, xs, h0))
+    g_ref = eqx.filter_grad(lambda args: _scan_loss(*args))((cell, xs, h0))
+    leaves, ref_leaves = jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(g_ref)
+    assert len(leaves) == len(ref_leaves)
+    for x, y in zip(leaves, ref_leaves):
+        np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("solver", ["picard", "shooting"])
+def test_check_grads(solver):
+    cell, h0 = make_cell("elman", n_hidden=3)
+    xs = make_xs(11)
+    f = lambda xs, h0, w: pscan.recurrence(
+        eqx.tree_at(lambda c: c.u, cell, w), xs, h0, solver=SOLVERS[solver]
+    ).hs
+    check_grads(f, (xs, h0, cell.u), order=1, modes=["rev"])
+
+
+def test_vmap_of_grad():
+    cell, h0 = make_cell("elman")
+    xs = jnp.stack([make_xs(LENGTH, seed=s) for s in range(2)])
+    per_example = lambda xs, c: _loss(c, xs, h0, SOLVERS["shooting"])
+    g = jax.vmap(eqx.filter_grad(lambda c, xs: per_example(xs, c)), in_axes=(None, 0))(cell, xs)
+    for i in range(2):
+        g_ref = eqx.filter_grad(lambda c: _scan_loss(c, xs[i], h0))(cell)
+        assert_allclose(g.u[i], g_ref.u)
+
+
+def test_checkpointed_gradient_memory():
+    """`Sequential(checkpoint=C)` keeps fewer residuals than plain autodiff of a scan."""
+    cell, h0 = make_cell("elman", jnp.float32, n_in=8, n_hidden=16)
+    xs = make_xs(4096, n_in=8, dtype=jnp.float32)
+
+    def temp_bytes(solver):
+        f = eqx.filter_grad(lambda c: jnp.sum(pscan.recurrence(c, xs, h0, solver=solver).hs))
+        compiled = jax.jit(lambda c: f(c)).lower(cell).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    assert temp_bytes(pscan.Sequential(checkpoint=64)) < 0.75 * temp_bytes(pscan.Sequential())
+
+
+# ---------------------------------------------------------------------------------------
+# Difficult cells: converge and match, are flagged, or fall back -- never silently wrong
+# ---------------------------------------------------------------------------------------
+
+
+def _chaotic():
+    cell, h0 = make_cell("gru", n_hidden=6)
+    return jax.tree_util.tree_map(lambda x: 100 * x if eqx.is_inexact_array(x) else x, cell), h0
+
+
+@pytest.mark.parametrize(
+    "solver",
+    [
+        pscan.Newton(max_iters=3, rtol=1e-12, atol=1e-12),
+        pscan.Newton(jacobian="diagonal", max_iters=5, rtol=1e-12, atol=1e-12),
+        pscan.Picard(chunk_size=4, max_iters=3, rtol=1e-12, atol=1e-12),
+        pscan.Newton(chunk_size=4, damping=0.5, max_iters=4, rtol=1e-12, atol=1e-12),
+    ],
+)
+def test_difficult_cell_never_silently_wrong(solver):
+    cell, h0 = _chaotic()
+    xs = make_xs(60, n_in=2)
+    ref = scan_cell(cell, xs, h0)
+    sol = solve(cell, xs, h0, solver=solver, throw=False)
+    converged = sol.result == pscan.RESULTS.successful
+    if converged:
+        assert_allclose(sol.hs, ref)
+    else:
+        assert sol.stats["max_residual"] > 1
+    # the fallback always gives the exact answer, and says so
+    fb = dataclasses.replace(solver, fallback="sequential")
+    sol = solve(cell, xs, h0, solver=fb)
+    assert sol.result == pscan.RESULTS.successful
+    assert bool(sol.stats["fell_back"]) == (not converged)
+    assert_allclose(sol.hs, ref)
+
+
+def test_fallback_gradient_is_exact():
+    cell, h0 = _chaotic()
+    xs = make_xs(60)
+    fb = pscan.Newton(chunk_size=4, max_iters=2, fallback="sequential")
+    g = eqx.filter_jit(eqx.filter_grad(lambda c: _loss(c, xs, h0, fb)))(cell)
+    g_ref = eqx.filter_grad(lambda c: _scan_loss(c, xs, h0))(cell)
+    np.testing.assert_allclose(g.weight_hh, g_ref.weight_hh, rtol=1e-7, atol=1e-7)
+
+
+def test_not_converged_raises():
+    cell, h0 = _chaotic()
+    xs = make_xs(60)
+    solver = pscan.Newton(max_iters=2, rtol=1e-12, atol=1e-12)
+    sol = pscan.recurrence(cell, xs, h0, solver=solver, throw=False)
+    assert sol.result == pscan.RESULTS.max_iters_reached
+    assert int(sol.stats["num_iterations"]) == 2
+    with pytest.raises(Exception, match=r"Newton.*did not converge in 2 iterations"):
+        jax.block_until_ready(pscan.recurrence(cell, xs, h0, solver=solver).hs)
+
+
+def test_enough_iterations_are_exact():
+    """ceil(T / chunk_size) sweeps reach the sequential answer even on a chaotic cell."""
+    cell, h0 = _chaotic()
+    xs = make_xs(40)
+    for solver in (pscan.Picard(chunk_size=4, max_iters=10, rtol=0.0, atol=1e-12),
+                   pscan.Newton(chunk_size=4, max_iters=10, rtol=0.0, atol=1e-12)):
+        sol = pscan.recurrence(cell, xs, h0, solver=solver, throw=False)
+        assert_allclose(sol.hs, scan_cell(cell, xs, h0))
+
+
+def test_nonfinite_is_flagged():
+    class Explode(eqx.Module):
+        def __call__(self, x, h):
+            return h * 1e200 + x
+
+    xs = jnp.ones((20, 2))
+    sol = pscan.recurrence(Explode(), xs, jnp.ones(2),
+                           solver=pscan.Newton(chunk_size=4), throw=False)
+    assert sol.result == pscan.RESULTS.nonfinite
+    with pytest.raises(Exception, match="non-finite"):
+        jax.block_until_ready(
+            pscan.recurrence(Explode(), xs, jnp.ones(2), solver=pscan.Newton(chunk_size=4)).hs
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# Bad input
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: pscan.Picard(chunk_size=0), r"Picard: `chunk_size` must be a positive int, got 0"),
+        (lambda: pscan.Picard(max_iters=0), r"Picard: `max_iters`"),
+        (lambda: pscan.Picard(rtol=-1.0), r"Picard: `rtol` must be a non-negative number"),
+        (lambda: pscan.Picard(fallback="exact"), r"Picard: `fallback` must be None or 'sequential'"),
+        (lambda: pscan.Newton(chunk_size=2.5), r"Newton: `chunk_size`"),
+        (lambda: pscan.Newton(atol=float("nan")), r"Newton: `atol`"),
+        (lambda: pscan.Newton(jacobian="full"), r"Newton: `jacobian` must be 'dense' or 'diagonal'"),
+        (lambda: pscan.Newton(damping=1.0), r"Newton: `damping` must be in \[0, 1\)"),
+        (lambda: pscan.Sequential(checkpoint=0), r"Sequential: `checkpoint`"),
+        (lambda: pscan.Sequential(unroll=0), r"Sequential: `unroll`"),
+    ],
+)
+def test_invalid_solver_options(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_bad_input():
+    cell, h0 = make_cell("elman")
+    xs = make_xs(10)
+    with pytest.raises(ValueError, match="`solver` must be a pscan solver"):
+        pscan.recurrence(cell, xs, h0, solver="newton")
+    with pytest.raises(ValueError, match=r"share one nonzero leading.*\(10, 2\), \(9,\)"):
+        pscan.recurrence(lambda x, h: h, (xs, jnp.ones(9)), h0)
+    with pytest.raises(ValueError, match="leading time axis"):
+        pscan.recurrence(cell, jnp.ones(()), h0)
+    with pytest.raises(ValueError, match="must return a state like `h0`"):
+        pscan.recurrence(lambda x, h: jnp.concatenate([h, h]), xs, h0)
+    with pytest.raises(ValueError, match="`h0` must be a pytree of floating"):
+        pscan.recurrence(cell, xs, jnp.zeros(4, jnp.int32))
+    with pytest.raises(ValueError, match=r"`cell\(x_t, h\)` failed"):
+        pscan.recurrence(cell, make_xs(10, n_in=3), h0)

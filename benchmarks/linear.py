@@ -12,15 +12,11 @@ figure from the compiled program.
 """
 
 import argparse
-import json
-import statistics
-import subprocess
-import sys
-import time
 
 import jax
 import jax.lax as lax
 import jax.numpy as jnp
+from _measure import compile_all, interleaved_medians, peak_rss_of, report_peak_rss
 
 import pscan
 
@@ -57,39 +53,17 @@ def problem(length, state, dtype):
     return a, b
 
 
-def _status_mib(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(field)
-
-
 def child(args):
-    """Runs one (candidate, program) in this fresh process and reports its peak RSS.
-
-    The program is compiled and run once first; then the kernel's high-water mark is
-    reset (Linux `clear_refs`) so the figure is the peak while executing, inputs and
-    outputs included, without the compiler's own memory.
-    """
+    """Peak RSS of one (candidate, program), run in this fresh process."""
     a, b = problem(args.length, args.state, args.dtype)
-    exe = jax.jit(programs(args.child_name)[args.child_program]).lower(a, b).compile()
-    jax.block_until_ready(exe(a, b))
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    base = _status_mib("VmRSS")
-    jax.block_until_ready(exe(a, b))
-    print(json.dumps({"peak_rss_mib": _status_mib("VmHWM"), "before_mib": base}))
+    report_peak_rss(programs(args.child_name)[args.child_program], a, b)
 
 
 def peak_rss(args, name, program):
-    cmd = [
-        sys.executable, __file__, "--length", str(args.length), "--state",
-        str(args.state), "--dtype", args.dtype, "--child-name", name,
-        "--child-program", program,
-    ]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])["peak_rss_mib"]
+    return peak_rss_of(
+        __file__, "--length", str(args.length), "--state", str(args.state),
+        "--dtype", args.dtype, "--child-name", name, "--child-program", program,
+    )
 
 
 def main():
@@ -111,21 +85,10 @@ def main():
 
     a, b = problem(args.length, args.state, args.dtype)
     names = ["lax.scan", *args.methods.split(",")]
-    compiled, compile_s, temp_mib = {}, {}, {}
-    for name in names:
-        for program, fn in programs(name).items():
-            t0 = time.perf_counter()
-            exe = jax.jit(fn).lower(a, b).compile()
-            compile_s[name, program] = time.perf_counter() - t0
-            temp_mib[name, program] = exe.memory_analysis().temp_size_in_bytes / 2**20
-            jax.block_until_ready(exe(a, b))  # warm up
-            compiled[name, program] = exe
-    times = {key: [] for key in compiled}
-    for _ in range(args.repeats):
-        for key, exe in compiled.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(exe(a, b))
-            times[key].append(time.perf_counter() - t0)
+    compiled = compile_all(
+        {(n, p): fn for n in names for p, fn in programs(n).items()}, a, b
+    )
+    medians = interleaved_medians(compiled, a, b, repeats=args.repeats)
 
     print(
         f"# linear recurrence T={args.length} d={args.state} {args.dtype}, "
@@ -138,12 +101,11 @@ def main():
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     rss = {}
-    for name, program in compiled:
-        t = statistics.median(times[name, program])
-        base = statistics.median(times["lax.scan", program])
+    for (name, program), (_, compile_s, temp_mib) in compiled.items():
+        t, base = medians[name, program], medians["lax.scan", program]
         row = (
             f"| {name} | {program} | {t * 1e3:.1f} | {t / base:.2f}x | "
-            f"{compile_s[name, program]:.2f} | {temp_mib[name, program]:.0f} |"
+            f"{compile_s:.2f} | {temp_mib:.0f} |"
         )
         if not args.no_memory:
             rss[name, program] = peak_rss(args, name, program)

@@ -39,12 +39,19 @@ class Sequential(AbstractSolver):
             hs = lax.scan(step, problem.h0, problem.xs, unroll=self.unroll)[1]
         else:
 
-            @jax.checkpoint
-            def chunk(h, xs_k):
-                h_end, hs_k = lax.scan(step, h, xs_k, unroll=self.unroll)
-                return h_end, hs_k
+            xs_chunks = chunk_xs(problem, self.checkpoint)
 
-            hs = lax.scan(chunk, problem.h0, chunk_xs(problem, self.checkpoint))[1]
+            @jax.checkpoint
+            def chunk(h, k):
+                # read chunk k in place (a scan over `xs_chunks` itself would transpose
+                # a batch axis under vmap, copying all the inputs)
+                xs_k = jax.tree_util.tree_map(
+                    lambda x: lax.dynamic_index_in_dim(x, k, keepdims=False), xs_chunks
+                )
+                return lax.scan(step, h, xs_k, unroll=self.unroll)
+
+            k = jax.tree_util.tree_leaves(xs_chunks)[0].shape[0]
+            hs = lax.scan(chunk, problem.h0, jnp.arange(k))[1]
             hs = from_chunks(hs, problem.length)
         stats = {
             "num_iterations": jnp.array(0),

@@ -15,6 +15,29 @@ def _shape_tree(tree):
     return jax.tree_util.tree_map(lambda x: (jnp.shape(x), jnp.result_type(x)), tree)
 
 
+def _error_if_not_converged(hs, result, stats, solver):
+    """Raises at run time when the solver stopped at `max_iters`, naming the solver,
+    the iteration count and the order of magnitude of the last scaled change (error
+    messages are static, so the residual is reported by decade)."""
+    decades = 12
+    msgs = []
+    for k in range(decades + 1):
+        size = f"1e{k} to 1e{k + 1}" if k < decades else f"more than 1e{decades}"
+        msgs.append(
+            f"pscan.recurrence: {solver!r} did not converge in "
+            f"{getattr(solver, 'max_iters', '?')} iterations: its last iteration still "
+            f"moved a chunk-start state by {size} times the tolerance "
+            "`atol + rtol * |s|`. Raise `max_iters`, loosen `rtol`/`atol`, add "
+            "`damping`, use `fallback='sequential'`, or pass `throw=False` and read "
+            "`sol.stats['max_residual']` (<= 1 means converged)."
+        )
+    change = jnp.nan_to_num(stats["max_residual"], nan=jnp.inf, posinf=1e30)
+    index = jnp.clip(jnp.floor(jnp.log10(jnp.maximum(change, 1))), 0, decades)
+    return eqx.branched_error_if(
+        hs, result == RESULTS.max_iters_reached, index.astype(jnp.int32), msgs
+    )
+
+
 def recurrence(
     cell,
     xs: PyTree[Array],
@@ -108,14 +131,7 @@ def recurrence(
     hs_flat, result, stats = solver.solve(Problem(step, cell, xs, h0_flat))
     hs = jax.vmap(unravel)(hs_flat)
     if throw:
-        hs = eqx.error_if(
-            hs,
-            result == RESULTS.max_iters_reached,
-            f"pscan.recurrence: {solver!r} did not converge in {getattr(solver, 'max_iters', '?')} "
-            "iterations. Raise `max_iters`, loosen `rtol`/`atol`, add `damping`, use "
-            "`fallback='sequential'`, or pass `throw=False` and read "
-            "`sol.stats['max_residual']` (<= 1 means converged).",
-        )
+        hs = _error_if_not_converged(hs, result, stats, solver)
         hs = eqx.error_if(
             hs,
             result == RESULTS.nonfinite,

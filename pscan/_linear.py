@@ -13,7 +13,6 @@ exactly differentiable at the cost of the forward pass:
 - batching: a batch axis becomes a state axis right after time.
 """
 
-import functools as ft
 from typing import Literal
 
 import jax

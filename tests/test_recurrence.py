@@ -276,3 +276,24 @@ def test_bad_input():
         pscan.recurrence(cell, xs, jnp.zeros(4, jnp.int32))
     with pytest.raises(ValueError, match=r"`cell\(x_t, h\)` failed"):
         pscan.recurrence(cell, make_xs(10, n_in=3), h0)
+
+
+@pytest.mark.parametrize("solver", ["picard", "shooting"])
+def test_pytree_inputs_and_states(solver):
+    """Inputs and states may be any pytrees (here a dict of inputs, a tuple state)."""
+
+    class Cell(eqx.Module):
+        inner: eqx.nn.LSTMCell
+
+        def __call__(self, x, h):
+            return self.inner(x["u"] * x["scale"][0], h)
+
+    inner, h0 = make_cell("lstm")
+    xs = {"u": make_xs(LENGTH), "scale": jnp.linspace(0.5, 1.5, LENGTH)[:, None]}
+    sol = solve(Cell(inner), xs, h0, solver=SOLVERS[solver])
+    ref = scan_cell(Cell(inner), xs, h0)
+    for x, y in zip(sol.hs, ref):
+        assert_allclose(x, y)
+    g = eqx.filter_grad(lambda xs: _loss(Cell(inner), xs, h0, SOLVERS[solver]))(xs)
+    g_ref = eqx.filter_grad(lambda xs: _scan_loss(Cell(inner), xs, h0))(xs)
+    assert_allclose(g["scale"], g_ref["scale"])

@@ -72,3 +72,12 @@ def from_chunks(tree: PyTree[Array], length: int, front: bool = False):
         return x[pad:] if front else x[:length]
 
     return jax.tree_util.tree_map(one, tree)
+
+
+def shift_in(xs: Array, x0, reverse: bool = False) -> Array:
+    """`xs` moved one step later along the leading axis (earlier if `reverse`), with
+    `x0` (broadcast to one step) entering at the vacated end."""
+    x0 = jnp.broadcast_to(x0, xs.shape[1:])[None]
+    if reverse:
+        return jnp.concatenate([xs[1:], x0], axis=0)
+    return jnp.concatenate([x0, xs[:-1]], axis=0)

@@ -17,7 +17,7 @@ import jax.lax as lax
 import jax.numpy as jnp
 from jaxtyping import Array, PyTree
 
-from .._chunking import from_chunks, to_chunks
+from .._chunking import from_chunks, shift_in, to_chunks
 from .._linear import linear_recurrence
 from .._solution import RESULTS
 
@@ -127,11 +127,6 @@ def run_chunks(problem, starts, xs_chunks):
     return from_chunks(hs, problem.length)
 
 
-def shift_in(h0, ends):
-    """Chunk starts from chunk ends: `starts[0] = h0`, `starts[k+1] = ends[k]`."""
-    return jnp.concatenate([h0[None], ends[:-1]])
-
-
 def _scaled_change(new, old, rtol, atol):
     """`max |new - old| / (atol + rtol |new|)`: converged when `<= 1`."""
     scale = atol + rtol * jnp.abs(new)
@@ -140,10 +135,9 @@ def _scaled_change(new, old, rtol, atol):
 
 def _iterate(solver, problem, xs_chunks):
     """The solver's sweeps in a `while_loop`. Returns `(starts, iters, change, finite)`."""
-    dtype = problem.h0.dtype
     k = jax.tree_util.tree_leaves(xs_chunks)[0].shape[0]
     starts = jnp.broadcast_to(problem.h0, (k, problem.h0.shape[0]))
-    end = jax.tree_util.Partial(chunk_end, problem)
+    end = lambda s, xs_k: chunk_end(problem, s, xs_k)
 
     def cond(carry):
         _, it, change, finite = carry
@@ -155,14 +149,18 @@ def _iterate(solver, problem, xs_chunks):
         finite = jnp.all(jnp.isfinite(new))
         # a non-finite linearised step falls back to a Picard sweep from the last
         # finite guess, which always makes progress (one more chunk becomes exact)
-        picard = shift_in(problem.h0, jax.vmap(end)(starts, xs_chunks))
-        new = jnp.where(finite, new, picard)
+        new = lax.cond(
+            finite,
+            lambda: new,
+            lambda: shift_in(jax.vmap(end)(starts, xs_chunks), problem.h0),
+        )
         finite = jnp.all(jnp.isfinite(new))
         new = jnp.where(finite, new, starts)
         change = _scaled_change(new, starts, solver.rtol, solver.atol)
         return new, it + 1, change, finite
 
-    init = (starts, jnp.array(0), jnp.array(jnp.inf, dtype.type(0).real.dtype), jnp.array(True))
+    inf = jnp.array(jnp.inf, problem.h0.real.dtype)
+    init = (starts, jnp.array(0), inf, jnp.array(True))
     return lax.while_loop(cond, body, init)
 
 

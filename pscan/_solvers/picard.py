@@ -3,7 +3,8 @@ from typing import ClassVar
 import equinox as eqx
 import jax
 
-from .base import AbstractShootingSolver, shift_in
+from .._chunking import shift_in
+from .base import AbstractShootingSolver
 
 
 class Picard(AbstractShootingSolver):
@@ -33,4 +34,4 @@ class Picard(AbstractShootingSolver):
     name: ClassVar[str] = "Picard"
 
     def _update(self, chunk_end, starts, xs, h0):
-        return shift_in(h0, jax.vmap(chunk_end)(starts, xs))
+        return shift_in(jax.vmap(chunk_end)(starts, xs), h0)

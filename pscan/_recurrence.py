@@ -1,5 +1,7 @@
 """`pscan.recurrence`: any cell `h[t] = cell(x[t], h[t-1])`, with a choice of solver."""
 
+import dataclasses
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -15,6 +17,14 @@ def _shape_tree(tree):
     return jax.tree_util.tree_map(lambda x: (jnp.shape(x), jnp.result_type(x)), tree)
 
 
+def _describe(solver) -> str:
+    """`Newton(chunk_size=1, ...)` on one line, whatever the Equinox version's repr."""
+    fields = ", ".join(
+        f"{f.name}={getattr(solver, f.name)!r}" for f in dataclasses.fields(solver)
+    )
+    return f"{type(solver).__name__}({fields})"
+
+
 def _error_if_not_converged(hs, result, stats, solver):
     """Raises at run time when the solver stopped at `max_iters`, naming the solver,
     the iteration count and the order of magnitude of the last scaled change (error
@@ -24,7 +34,7 @@ def _error_if_not_converged(hs, result, stats, solver):
     for k in range(decades + 1):
         size = f"1e{k} to 1e{k + 1}" if k < decades else f"more than 1e{decades}"
         msgs.append(
-            f"pscan.recurrence: {solver!r} did not converge in "
+            f"pscan.recurrence: {_describe(solver)} did not converge in "
             f"{getattr(solver, 'max_iters', '?')} iterations: its last iteration still "
             f"moved a chunk-start state by {size} times the tolerance "
             "`atol + rtol * |s|`. Raise `max_iters`, loosen `rtol`/`atol`, add "
@@ -135,7 +145,7 @@ def recurrence(
         hs = eqx.error_if(
             hs,
             result == RESULTS.nonfinite,
-            f"pscan.recurrence: {solver!r} met non-finite states: the recurrence "
+            f"pscan.recurrence: {_describe(solver)} met non-finite states: the recurrence "
             "diverges from this initial state, or its inputs or parameters are "
             "non-finite.",
         )

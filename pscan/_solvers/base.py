@@ -34,7 +34,7 @@ class Problem(eqx.Module):
     def length(self) -> int:
         return jax.tree_util.tree_leaves(self.xs)[0].shape[0]
 
-    def scan(self, h0, xs, emit=True, params=None):
+    def scan(self, h0, xs, emit=True, params=None, unroll=1):
         """The sequential recurrence over `xs` from `h0`: `(hs or None, h_final)`."""
         params = self.params if params is None else params
 
@@ -42,7 +42,7 @@ class Problem(eqx.Module):
             h = self.step(params, x, h)
             return h, (h if emit else None)
 
-        h_final, hs = lax.scan(body, h0, xs)
+        h_final, hs = lax.scan(body, h0, xs, unroll=unroll)
         return hs, h_final
 
 

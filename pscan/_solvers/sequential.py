@@ -31,12 +31,8 @@ class Sequential(AbstractSolver):
         _check_positive_int("Sequential", "checkpoint", self.checkpoint, allow_none=True)
 
     def solve(self, problem):
-        def step(h, x):
-            h = problem.step(problem.params, x, h)
-            return h, h
-
         if self.checkpoint is None:
-            hs = lax.scan(step, problem.h0, problem.xs, unroll=self.unroll)[1]
+            hs = problem.scan(problem.h0, problem.xs, unroll=self.unroll)[0]
         else:
 
             xs_chunks = chunk_xs(problem, self.checkpoint)
@@ -48,7 +44,8 @@ class Sequential(AbstractSolver):
                 xs_k = jax.tree_util.tree_map(
                     lambda x: lax.dynamic_index_in_dim(x, k, keepdims=False), xs_chunks
                 )
-                return lax.scan(step, h, xs_k, unroll=self.unroll)
+                hs_k, h_end = problem.scan(h, xs_k, unroll=self.unroll)
+                return h_end, hs_k
 
             k = jax.tree_util.tree_leaves(xs_chunks)[0].shape[0]
             hs = lax.scan(chunk, problem.h0, jnp.arange(k))[1]

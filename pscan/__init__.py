@@ -11,4 +11,7 @@ from ._solvers import (
 )
 
 
+from . import nn as nn
+
+
 __version__ = "0.1.0"

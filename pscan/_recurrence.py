@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, PyTree
 
+from ._cell import cell_parts
 from ._solution import RESULTS, Solution
 from ._solvers import AbstractSolver, Sequential
 from ._solvers.base import Problem
@@ -61,7 +62,9 @@ def recurrence(
     The cell follows the Equinox convention `cell(x_t, h) -> h_next`, so
     `eqx.nn.GRUCell` and `eqx.nn.LSTMCell` (state `(h, c)`) work as they are. The cell
     is a pytree (for instance an `eqx.Module`) whose arrays are parameters: they are
-    differentiated, never closed over. Inputs and states may be any pytrees.
+    differentiated, never closed over. Inputs and states may be any pytrees. For a
+    `pscan.nn.AbstractCell`, `cell.project` is applied to blocks of steps at once and
+    only `cell.step` runs step by step.
 
     Gradients with respect to the cell's parameters, `xs` and `h0` are exact for every
     solver. `Sequential` is differentiated by autodiff through its scan; `Picard` and
@@ -134,11 +137,12 @@ def recurrence(
         )
 
     h0_flat, unravel = ravel_pytree(h0)
+    cell_step, project = cell_parts(cell)
 
-    def step(cell, x, h_flat):
-        return ravel_pytree(cell(x, unravel(h_flat)))[0]
+    def step(cell, z, h_flat):
+        return ravel_pytree(cell_step(cell, z, unravel(h_flat)))[0]
 
-    hs_flat, result, stats = solver.solve(Problem(step, cell, xs, h0_flat))
+    hs_flat, result, stats = solver.solve(Problem(step, cell, xs, h0_flat, project))
     hs = jax.vmap(unravel)(hs_flat)
     if throw:
         hs = _error_if_not_converged(hs, result, stats, solver)

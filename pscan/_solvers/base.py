@@ -23,12 +23,19 @@ from .._solution import RESULTS
 
 
 class Problem(eqx.Module):
-    """`h[t] = step(params, x[t], h[t-1])` on flat states, `h[-1] = h0`."""
+    """`h[t] = step(params, z[t], h[t-1])` on flat states, `h[-1] = h0`, where
+    `z[t] = project(params, x[t])` (the identity when `project` is None).
+
+    `project` is the part of a cell that does not depend on the state: every run over a
+    block of steps applies it to the whole block at once (one matrix product instead of
+    one per step), and its derivative is taken there too.
+    """
 
     step: Callable = eqx.field(static=True)
     params: PyTree
     xs: PyTree[Array]
     h0: Array
+    project: Callable | None = eqx.field(static=True, default=None)
 
     @property
     def length(self) -> int:
@@ -37,9 +44,11 @@ class Problem(eqx.Module):
     def scan(self, h0, xs, emit=True, params=None, unroll=1):
         """The sequential recurrence over `xs` from `h0`: `(hs or None, h_final)`."""
         params = self.params if params is None else params
+        if self.project is not None:
+            xs = jax.vmap(lambda x: self.project(params, x))(xs)
 
-        def body(h, x):
-            h = self.step(params, x, h)
+        def body(h, z):
+            h = self.step(params, z, h)
             return h, (h if emit else None)
 
         h_final, hs = lax.scan(body, h0, xs, unroll=unroll)
@@ -100,7 +109,7 @@ class AbstractShootingSolver(AbstractSolver):
     def solve(self, problem):
         params, static_params = eqx.partition(problem.params, eqx.is_inexact_array)
         vjp_arg = (params, problem.xs, problem.h0)
-        static = (problem.step, static_params)
+        static = (problem.step, problem.project, static_params)
         return _shooting_solve(vjp_arg, static, self)
 
 
@@ -171,8 +180,8 @@ def _iterate(solver, problem, xs_chunks):
 
 def _problem(vjp_arg, static) -> Problem:
     params, xs, h0 = vjp_arg
-    step, static_params = static
-    return Problem(step, eqx.combine(params, static_params), xs, h0)
+    step, project, static_params = static
+    return Problem(step, eqx.combine(params, static_params), xs, h0, project)
 
 
 @eqx.filter_custom_vjp
@@ -230,7 +239,7 @@ def _shooting_solve_bwd(starts, grad_obj, perturbed, vjp_arg, static, solver):
     ct_chunks = jnp.pad(ct_hs, ((0, k * c - problem.length), (0, 0))).reshape(k, c, -1)
 
     def chunk(params, s, xs_k):
-        return problem.scan(s, xs_k, params=eqx.combine(params, static[1]))
+        return problem.scan(s, xs_k, params=eqx.combine(params, static[-1]))
 
     # c[k] = (d hs_k / d s_k)^T ct_k
     def local(s, xs_k, ct_k):

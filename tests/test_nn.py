@@ -1,0 +1,208 @@
+"""`pscan.nn`: the Recurrence layer and the cells, against hand-written `lax.scan`."""
+
+import equinox as eqx
+import jax
+import jax.lax as lax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.test_util import check_grads
+
+import pscan
+import pscan.nn as nn
+
+from .helpers import assert_allclose, to_dtype, tree_allclose
+
+
+IN, HIDDEN = 3, 4
+CELLS = {
+    "ElmanCell": lambda key: nn.ElmanCell(IN, HIDDEN, key=key),
+    "MinGRU": lambda key: nn.MinGRU(IN, HIDDEN, key=key),
+    "MinLSTM": lambda key: nn.MinLSTM(IN, HIDDEN, key=key),
+    "LRU": lambda key: nn.LRU(IN, HIDDEN, key=key),
+    "GRUCell": lambda key: eqx.nn.GRUCell(IN, HIDDEN, key=key),
+    "LSTMCell": lambda key: eqx.nn.LSTMCell(IN, HIDDEN, key=key),
+}
+
+
+def make(name, length, seed=0):
+    kc, kx = jax.random.split(jax.random.PRNGKey(seed))
+    return CELLS[name](kc), jax.random.normal(kx, (length, IN))
+
+
+def initial_state(cell):
+    if isinstance(cell, nn.AbstractCell):
+        return cell.init_state()
+    if isinstance(cell, eqx.nn.LSTMCell):
+        return (jnp.zeros(HIDDEN), jnp.zeros(HIDDEN))
+    return jnp.zeros(HIDDEN)
+
+
+def hand_scan(cell, xs, h0=None, reverse=False):
+    """The layer written by hand: `lax.scan` of `cell(x, h)`, then the readout."""
+    h0 = initial_state(cell) if h0 is None else h0
+
+    def body(h, x):
+        h = cell(x, h)
+        y = cell.readout(x, h) if isinstance(cell, nn.AbstractCell) else h
+        return h, y
+
+    return lax.scan(body, h0, xs, reverse=reverse)[1]
+
+
+@pytest.mark.parametrize("name", CELLS)
+@pytest.mark.parametrize("length, reverse", [(1, False), (37, False), (10, True)])
+def test_layer_matches_hand_written_scan(name, length, reverse):
+    cell, xs = make(name, length)
+    layer = nn.Recurrence(cell, reverse=reverse)
+    ys = eqx.filter_jit(layer)(xs)
+    expect = hand_scan(cell, xs, reverse=reverse)
+    assert tree_allclose(ys, expect, rtol=1e-10, atol=1e-10)
+    if name == "LRU":
+        assert ys.shape == (length, IN) and not jnp.iscomplexobj(ys)
+
+
+@pytest.mark.parametrize("name", CELLS)
+def test_gradients_reach_every_parameter(name):
+    cell, xs = make(name, 29, seed=1)
+    h0 = jax.tree_util.tree_map(lambda h: h + 0.3, initial_state(cell))
+    weights = jax.random.normal(jax.random.PRNGKey(2), (29, IN if name == "LRU" else HIDDEN))
+
+    def loss(layer_fn):
+        def f(cell, xs, h0):
+            ys = layer_fn(cell, xs, h0)
+            ys = ys[0] if isinstance(ys, tuple) else ys
+            return jnp.sum(weights * ys)
+
+        return f
+
+    ours = loss(lambda c, xs, h0: nn.Recurrence(c)(xs, h0))
+    ref = loss(lambda c, xs, h0: hand_scan(c, xs, h0))
+    g = eqx.filter_jit(eqx.filter_grad(ours))(cell, xs, h0)
+    g_ref = eqx.filter_grad(ref)(cell, xs, h0)
+    leaves = jax.tree_util.tree_leaves(g)
+    assert leaves and all(float(jnp.max(jnp.abs(x))) > 0 for x in leaves)
+    assert tree_allclose(g, g_ref, rtol=1e-9, atol=1e-9)
+    # gradients with respect to the inputs and the initial state too
+    gx = jax.grad(ours, argnums=(1, 2))(cell, xs, h0)
+    assert tree_allclose(gx, jax.grad(ref, argnums=(1, 2))(cell, xs, h0), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["ElmanCell", "MinGRU", "LRU"])
+def test_check_grads(name):
+    cell, xs = make(name, 7, seed=3)
+    layer = nn.Recurrence(cell)
+    f = lambda xs: jnp.real(layer(xs))
+    check_grads(f, (xs,), order=1, modes=("rev", "fwd"))
+
+
+@pytest.mark.parametrize(
+    "solver",
+    [pscan.Sequential(), pscan.Newton(chunk_size=8, rtol=1e-12, atol=1e-12),
+     pscan.Picard(chunk_size=4, rtol=1e-12, atol=1e-12)],
+    ids=["Sequential", "Newton", "Picard"],
+)
+@pytest.mark.parametrize("name", ["ElmanCell", "MinGRU"])
+def test_explicit_solver(name, solver):
+    """A solver given explicitly is used, for linear cells too; gradients stay exact."""
+    cell, xs = make(name, 23, seed=4)
+    layer = nn.Recurrence(cell, solver)
+    assert_allclose(layer(xs), hand_scan(cell, xs))
+    g = eqx.filter_grad(lambda c: jnp.sum(nn.Recurrence(c, solver)(xs) ** 2))(cell)
+    g_ref = eqx.filter_grad(lambda c: jnp.sum(hand_scan(c, xs) ** 2))(cell)
+    assert tree_allclose(g, g_ref, rtol=1e-9, atol=1e-9)
+
+
+def test_batch_by_vmap_and_float32():
+    cell = to_dtype(nn.ElmanCell(IN, HIDDEN, key=jax.random.PRNGKey(0)), jnp.float32)
+    xs = jax.random.normal(jax.random.PRNGKey(1), (5, 40, IN), jnp.float32)
+    ys = jax.vmap(nn.Recurrence(cell))(xs)
+    assert ys.shape == (5, 40, HIDDEN) and ys.dtype == jnp.float32
+    expect = jax.vmap(lambda xs: hand_scan(cell, xs))(xs)
+    assert_allclose(ys, expect, jnp.float32)
+    lru = nn.LRU(IN, HIDDEN, dtype=jnp.float32, key=jax.random.PRNGKey(2))
+    assert lru.init_state().dtype == jnp.complex64
+    assert jax.vmap(nn.Recurrence(lru))(xs).dtype == jnp.float32
+
+
+def test_default_solver():
+    if jax.default_backend() == "cpu":
+        assert nn.default_solver(524288, jnp.float32) == pscan.Sequential(checkpoint=1024)
+        assert nn.default_solver(1, jnp.float32) == pscan.Sequential(checkpoint=1)
+
+
+def test_optax_training_step():
+    """`eqx.filter_jit` + `eqx.filter_grad` + an optax update lower the loss."""
+    key = jax.random.PRNGKey(0)
+    model = (nn.Recurrence(nn.MinGRU(1, 8, key=key)), eqx.nn.Linear(8, 1, key=key))
+    xs = jnp.sin(jnp.linspace(0, 20, 201))[:, None]
+    optimiser = optax.adam(1e-2)
+    state = optimiser.init(eqx.filter(model, eqx.is_inexact_array))
+
+    def loss(model):
+        layer, head = model
+        pred = jax.vmap(head)(layer(xs[:-1]))
+        return jnp.mean((pred - xs[1:]) ** 2)
+
+    @eqx.filter_jit
+    def update(model, state):
+        value, grads = eqx.filter_value_and_grad(loss)(model)
+        updates, state = optimiser.update(grads, state, model)
+        return eqx.apply_updates(model, updates), state, value
+
+    first = None
+    for _ in range(20):
+        model, state, value = update(model, state)
+        first = value if first is None else first
+    assert float(loss(model)) < 0.5 * float(first)
+
+
+def test_bad_input_is_a_value_error():
+    cell, xs = make("ElmanCell", 5)
+    layer = nn.Recurrence(cell)
+    with pytest.raises(ValueError, match=r"Recurrence\(ElmanCell\).*\(T, 3\).*\(2, 5, 3\)"):
+        layer(jnp.zeros((2, 5, 3)))
+    with pytest.raises(ValueError, match=r"Recurrence\(ElmanCell\).*\(5, 2\)"):
+        layer(jnp.zeros((5, 2)))
+    with pytest.raises(ValueError, match=r"Recurrence\(ElmanCell\).*\(0, 3\)"):
+        layer(jnp.zeros((0, 3)))
+    with pytest.raises(ValueError, match=r"Recurrence\(ElmanCell\): `h0`.*\(3,\)"):
+        layer(xs, jnp.zeros(3))
+    with pytest.raises(ValueError, match=r"Recurrence\(GRUCell\).*\(7, 1\)"):
+        nn.Recurrence(eqx.nn.GRUCell(3, 4, key=jax.random.PRNGKey(0)))(jnp.zeros((7, 1)))
+    with pytest.raises(ValueError, match="solver"):
+        nn.Recurrence(cell, "newton")
+    with pytest.raises(ValueError, match="pass `h0`"):
+        nn.Recurrence(lambda x, h: h)(xs)
+    with pytest.raises(ValueError, match="r_min"):
+        nn.LRU(3, 4, r_min=0.99, r_max=0.9, key=jax.random.PRNGKey(0))
+
+
+def test_custom_cells():
+    """A plain callable works when given `h0`; a user `AbstractLinearCell` with a shared
+    coefficient runs through `linear_recurrence`."""
+
+    class Decay(nn.AbstractLinearCell):
+        log_rate: jax.Array
+
+        def coefficients(self, xs):
+            return jnp.exp(-jnp.exp(self.log_rate)), xs
+
+        def init_state(self):
+            return jnp.zeros(IN)
+
+    cell = Decay(jnp.log(jnp.linspace(0.1, 1.0, IN)))
+    xs = jax.random.normal(jax.random.PRNGKey(0), (13, IN))
+    assert_allclose(nn.Recurrence(cell)(xs), hand_scan(cell, xs))
+    assert_allclose(nn.Recurrence(cell, reverse=True)(xs), hand_scan(cell, xs, reverse=True))
+    class MLPCell(eqx.Module):
+        mlp: eqx.nn.MLP
+
+        def __call__(self, x, h):
+            return jnp.tanh(self.mlp(jnp.concatenate([x, h])))
+
+    mlp_cell = MLPCell(eqx.nn.MLP(IN + 2, 2, 8, 1, key=jax.random.PRNGKey(1)))
+    out = nn.Recurrence(mlp_cell)(xs, jnp.zeros(2))
+    expect = hand_scan(mlp_cell, xs, jnp.zeros(2))
+    np.testing.assert_allclose(out, expect, rtol=1e-10, atol=1e-10)

@@ -15,6 +15,23 @@ ROOT = pathlib.Path(__file__).parent.parent
     [
         ("examples/linear_500k.py", ["--length", "300", "--steps", "2"], "loss"),
         (
+            "examples/seed_scaling.py",
+            ["--max-length", "400", "--naive-limit", "0.001", "--plot", "TMP/s.png"],
+            "| 400 | pscan |",
+        ),
+        (
+            "examples/train_long_series.py",
+            ["--length", "3000", "--steps", "3", "--eval-every", "2", "--hidden", "8",
+             "--out-dir", "TMP/"],
+            "validation loss",
+        ),
+        (
+            "examples/train_long_series.py",
+            ["--length", "500", "--steps", "2", "--model", "gru", "--solver", "newton",
+             "--hidden", "4", "--depth", "1", "--horizon", "5", "--out-dir", "TMP/"],
+            "validation loss",
+        ),
+        (
             "benchmarks/linear.py",
             ["--length", "100", "--repeats", "1", "--methods", "chunked", "--no-memory"],
             "| chunked | grad |",
@@ -33,7 +50,8 @@ ROOT = pathlib.Path(__file__).parent.parent
         ),
     ],
 )
-def test_script_runs(script, args, expect):
+def test_script_runs(script, args, expect, tmp_path):
+    args = [str(tmp_path / a[4:]) if a.startswith("TMP/") else a for a in args]
     out = subprocess.run(
         [sys.executable, str(ROOT / script), *args],
         capture_output=True, text=True, cwd=ROOT, timeout=600, check=False,

@@ -22,13 +22,11 @@ XLA accounts it) and writes a log-log plot.
 import argparse
 import time
 
-import equinox as eqx
 import jax
 import jax.lax as lax
 import jax.numpy as jnp
 
 import pscan.nn as nn
-
 
 BATCH, WIDTH = 16, 32
 
@@ -130,8 +128,12 @@ def plot(results, path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-length", type=int, default=524288)
-    parser.add_argument("--naive-limit", type=float, default=60.0,
-                        help="stop the naive loop near this many seconds per gradient")
+    parser.add_argument(
+        "--naive-limit",
+        type=float,
+        default=60.0,
+        help="stop the naive loop near this many seconds per gradient",
+    )
     parser.add_argument("--skip-scan", action="store_true", help="no lax.scan column")
     parser.add_argument("--plot", default="seed_scaling.png")
     args = parser.parse_args()
@@ -141,8 +143,10 @@ def main():
     results = {name: [] for name in LOSSES}
     running = {name: True for name in LOSSES}
     running["lax.scan"] = not args.skip_scan
-    print(f"# Elman {WIDTH}->{WIDTH}, batch {BATCH}, float32, jax {jax.__version__}, "
-          f"backend {jax.default_backend()}")
+    print(
+        f"# Elman {WIDTH}->{WIDTH}, batch {BATCH}, float32, jax {jax.__version__}, "
+        f"backend {jax.default_backend()}"
+    )
     print("| T | method | compile (s) | gradient (s) | peak memory (MiB) | vs naive |")
     print("|---|---|---|---|---|---|")
     for t in lengths(args.max_length):
@@ -155,8 +159,11 @@ def main():
             results[name].append((t, compile_s, grad_s, mib))
             naive_s = grad_s if name == "naive" else naive_s
             speedup = f"{naive_s / grad_s:.0f}x" if naive_s and name != "naive" else ""
-            print(f"| {t} | {name} | {compile_s:.2f} | {grad_s:.4f} | {mib:.0f} | "
-                  f"{speedup} |", flush=True)
+            print(
+                f"| {t} | {name} | {compile_s:.2f} | {grad_s:.4f} | {mib:.0f} | "
+                f"{speedup} |",
+                flush=True,
+            )
             # stop the quadratic loop once the next length would pass the limit
             if name == "naive" and grad_s * 4 > 2 * args.naive_limit:
                 running["naive"] = False
@@ -167,8 +174,10 @@ def main():
         if t1 >= 3200
     ]
     if doubling:
-        print(f"pscan, time for twice the length (T >= 3200): at most "
-              f"{max(doubling):.2f}x (linear = 2x)")
+        print(
+            f"pscan, time for twice the length (T >= 3200): at most "
+            f"{max(doubling):.2f}x (linear = 2x)"
+        )
     plot(results, args.plot)
 
 

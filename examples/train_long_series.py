@@ -106,8 +106,12 @@ def plot(history, series, prediction, horizon, split, out_dir):
     steps, train, val = zip(*history)
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.semilogy(steps, train, label="training")
-    ax.semilogy([s for s, _, v in history if v is not None],
-                [v for _, _, v in history if v is not None], "o-", label="validation")
+    ax.semilogy(
+        [s for s, _, v in history if v is not None],
+        [v for _, _, v in history if v is not None],
+        "o-",
+        label="validation",
+    )
     ax.set_xlabel("step")
     ax.set_ylabel(f"MSE, {horizon} steps ahead")
     ax.grid(True, which="both", alpha=0.3)
@@ -119,14 +123,20 @@ def plot(history, series, prediction, horizon, split, out_dir):
     t = np.arange(len(series))
     fig, ax = plt.subplots(figsize=(8, 3.5))
     ax.plot(t[window], series[window], label="truth", lw=1.5)
-    ax.plot(t[window], prediction[window.start - horizon : window.stop - horizon],
-            label=f"forecast made {horizon} steps earlier", lw=1.2)
+    ax.plot(
+        t[window],
+        prediction[window.start - horizon : window.stop - horizon],
+        label=f"forecast made {horizon} steps earlier",
+        lw=1.2,
+    )
     ax.set_xlabel("sample (validation part)")
     ax.legend(loc="upper right")
     fig.tight_layout()
     fig.savefig(out_dir / "train_prediction.png", dpi=120)
-    print(f"plots written to {out_dir / 'train_loss.png'} and "
-          f"{out_dir / 'train_prediction.png'}")
+    print(
+        f"plots written to {out_dir / 'train_loss.png'} and "
+        f"{out_dir / 'train_prediction.png'}"
+    )
 
 
 def main():
@@ -148,13 +158,20 @@ def main():
     series = jnp.asarray(mackey_glass(args.length, seed=args.seed))
     n = args.length - args.horizon
     split = int(0.9 * n)
-    print(f"series: {args.length} samples ({time.perf_counter() - start:.1f} s to "
-          f"generate); training on forecasts from steps [0, {split}), validating on "
-          f"[{split}, {n}); model {args.model}, solver {args.solver}, "
-          f"backend {jax.default_backend()}")
+    print(
+        f"series: {args.length} samples ({time.perf_counter() - start:.1f} s to "
+        f"generate); training on forecasts from steps [0, {split}), validating on "
+        f"[{split}, {n}); model {args.model}, solver {args.solver}, "
+        f"backend {jax.default_backend()}"
+    )
 
-    model = Forecaster(args.model, args.hidden, args.depth, SOLVERS[args.solver],
-                       key=jax.random.PRNGKey(args.seed))
+    model = Forecaster(
+        args.model,
+        args.hidden,
+        args.depth,
+        SOLVERS[args.solver],
+        key=jax.random.PRNGKey(args.seed),
+    )
     schedule = optax.cosine_decay_schedule(args.lr, max(args.steps, 1), alpha=0.1)
     optimiser = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(schedule))
     opt_state = optimiser.init(eqx.filter(model, eqx.is_inexact_array))
@@ -173,7 +190,11 @@ def main():
     float(validate(model))
     print(f"compiled in {time.perf_counter() - start:.1f} s")
     history = []
-    baseline = float(jnp.mean((series[args.horizon:][split:n] - series[:-args.horizon][split:n]) ** 2))
+    baseline = float(
+        jnp.mean(
+            (series[args.horizon :][split:n] - series[: -args.horizon][split:n]) ** 2
+        )
+    )
     start = time.perf_counter()
     with tqdm(range(args.steps), desc="training", unit="step") as bar:
         for step in bar:
@@ -182,17 +203,22 @@ def main():
             if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
                 val = float(validate(model))
             history.append((step + 1, float(value), val))
-            bar.set_postfix(train=f"{float(value):.4f}",
-                            val="-" if val is None else f"{val:.4f}")
+            bar.set_postfix(
+                train=f"{float(value):.4f}", val="-" if val is None else f"{val:.4f}"
+            )
     elapsed = time.perf_counter() - start
     final = history[-1][2] if history else float(validate(model))
-    print(f"{args.steps} steps in {elapsed:.1f} s ({elapsed / max(args.steps, 1):.2f} s "
-          f"per gradient over {split} steps)")
-    print(f"validation loss {final:.4f} (MSE of standardised values; repeating the last "
-          f"value gives {baseline:.4f})")
+    print(
+        f"{args.steps} steps in {elapsed:.1f} s ({elapsed / max(args.steps, 1):.2f} s "
+        f"per gradient over {split} steps)"
+    )
+    print(
+        f"validation loss {final:.4f} (MSE of standardised values; repeating the last "
+        f"value gives {baseline:.4f})"
+    )
     if not math.isfinite(final):
         raise SystemExit("training diverged")
-    prediction = np.asarray(eqx.filter_jit(model)(series[:-args.horizon]))
+    prediction = np.asarray(eqx.filter_jit(model)(series[: -args.horizon]))
     out_dir = pathlib.Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if history:

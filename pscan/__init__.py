@@ -1,5 +1,6 @@
 """pscan: long recurrences in JAX, in parallel and exactly differentiable."""
 
+from . import nn as nn
 from ._linear import linear_recurrence as linear_recurrence
 from ._recurrence import recurrence as recurrence
 from ._solution import RESULTS as RESULTS, Solution as Solution
@@ -9,9 +10,6 @@ from ._solvers import (
     Picard as Picard,
     Sequential as Sequential,
 )
-
-
-from . import nn as nn
 
 
 __version__ = "0.1.0"

@@ -14,7 +14,6 @@ import pscan.nn as nn
 
 from .helpers import assert_allclose, to_dtype, tree_allclose
 
-
 IN, HIDDEN = 3, 4
 CELLS = {
     "ElmanCell": lambda key: nn.ElmanCell(IN, HIDDEN, key=key),
@@ -67,7 +66,9 @@ def test_layer_matches_hand_written_scan(name, length, reverse):
 def test_gradients_reach_every_parameter(name):
     cell, xs = make(name, 29, seed=1)
     h0 = jax.tree_util.tree_map(lambda h: h + 0.3, initial_state(cell))
-    weights = jax.random.normal(jax.random.PRNGKey(2), (29, IN if name == "LRU" else HIDDEN))
+    weights = jax.random.normal(
+        jax.random.PRNGKey(2), (29, IN if name == "LRU" else HIDDEN)
+    )
 
     def loss(layer_fn):
         def f(cell, xs, h0):
@@ -86,7 +87,9 @@ def test_gradients_reach_every_parameter(name):
     assert tree_allclose(g, g_ref, rtol=1e-9, atol=1e-9)
     # gradients with respect to the inputs and the initial state too
     gx = jax.grad(ours, argnums=(1, 2))(cell, xs, h0)
-    assert tree_allclose(gx, jax.grad(ref, argnums=(1, 2))(cell, xs, h0), rtol=1e-9, atol=1e-9)
+    assert tree_allclose(
+        gx, jax.grad(ref, argnums=(1, 2))(cell, xs, h0), rtol=1e-9, atol=1e-9
+    )
 
 
 @pytest.mark.parametrize("name", ["ElmanCell", "MinGRU", "LRU"])
@@ -99,8 +102,11 @@ def test_check_grads(name):
 
 @pytest.mark.parametrize(
     "solver",
-    [pscan.Sequential(), pscan.Newton(chunk_size=8, rtol=1e-12, atol=1e-12),
-     pscan.Picard(chunk_size=4, rtol=1e-12, atol=1e-12)],
+    [
+        pscan.Sequential(),
+        pscan.Newton(chunk_size=8, rtol=1e-12, atol=1e-12),
+        pscan.Picard(chunk_size=4, rtol=1e-12, atol=1e-12),
+    ],
     ids=["Sequential", "Newton", "Picard"],
 )
 @pytest.mark.parametrize("name", ["ElmanCell", "MinGRU"])
@@ -128,7 +134,9 @@ def test_batch_by_vmap_and_float32():
 
 def test_default_solver():
     if jax.default_backend() == "cpu":
-        assert nn.default_solver(524288, jnp.float32) == pscan.Sequential(checkpoint=1024)
+        assert nn.default_solver(524288, jnp.float32) == pscan.Sequential(
+            checkpoint=1024
+        )
         assert nn.default_solver(1, jnp.float32) == pscan.Sequential(checkpoint=1)
 
 
@@ -161,7 +169,9 @@ def test_optax_training_step():
 def test_bad_input_is_a_value_error():
     cell, xs = make("ElmanCell", 5)
     layer = nn.Recurrence(cell)
-    with pytest.raises(ValueError, match=r"Recurrence\(ElmanCell\).*\(T, 3\).*\(2, 5, 3\)"):
+    with pytest.raises(
+        ValueError, match=r"Recurrence\(ElmanCell\).*\(T, 3\).*\(2, 5, 3\)"
+    ):
         layer(jnp.zeros((2, 5, 3)))
     with pytest.raises(ValueError, match=r"Recurrence\(ElmanCell\).*\(5, 2\)"):
         layer(jnp.zeros((5, 2)))
@@ -170,7 +180,9 @@ def test_bad_input_is_a_value_error():
     with pytest.raises(ValueError, match=r"Recurrence\(ElmanCell\): `h0`.*\(3,\)"):
         layer(xs, jnp.zeros(3))
     with pytest.raises(ValueError, match=r"Recurrence\(GRUCell\).*\(7, 1\)"):
-        nn.Recurrence(eqx.nn.GRUCell(3, 4, key=jax.random.PRNGKey(0)))(jnp.zeros((7, 1)))
+        nn.Recurrence(eqx.nn.GRUCell(3, 4, key=jax.random.PRNGKey(0)))(
+            jnp.zeros((7, 1))
+        )
     with pytest.raises(ValueError, match="solver"):
         nn.Recurrence(cell, "newton")
     with pytest.raises(ValueError, match="pass `h0`"):
@@ -195,7 +207,10 @@ def test_custom_cells():
     cell = Decay(jnp.log(jnp.linspace(0.1, 1.0, IN)))
     xs = jax.random.normal(jax.random.PRNGKey(0), (13, IN))
     assert_allclose(nn.Recurrence(cell)(xs), hand_scan(cell, xs))
-    assert_allclose(nn.Recurrence(cell, reverse=True)(xs), hand_scan(cell, xs, reverse=True))
+    assert_allclose(
+        nn.Recurrence(cell, reverse=True)(xs), hand_scan(cell, xs, reverse=True)
+    )
+
     class MLPCell(eqx.Module):
         mlp: eqx.nn.MLP
 

@@ -56,7 +56,9 @@ class ElmanCell(AbstractCell):
         z = self.weight_ih @ x
         return z if self.bias is None else z + self.bias
 
-    def step(self, z: Float[Array, " hidden"], h: Float[Array, " hidden"]) -> Float[Array, " hidden"]:
+    def step(
+        self, z: Float[Array, " hidden"], h: Float[Array, " hidden"]
+    ) -> Float[Array, " hidden"]:
         return self.activation(z + self.weight_hh @ h)
 
     def init_state(self) -> Float[Array, " hidden"]:

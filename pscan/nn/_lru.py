@@ -94,7 +94,9 @@ class LRU(AbstractLinearCell):
         bu = xs @ self.b_re.T + 1j * (xs @ self.b_im.T)
         return self.eigenvalues(), jnp.exp(self.gamma_log) * bu
 
-    def readout(self, x: Float[Array, " in"], h: Complex[Array, " state"]) -> Float[Array, " in"]:
+    def readout(
+        self, x: Float[Array, " in"], h: Complex[Array, " state"]
+    ) -> Float[Array, " in"]:
         return self.c_re @ h.real - self.c_im @ h.imag + self.d * x
 
     def init_state(self) -> Complex[Array, " state"]:

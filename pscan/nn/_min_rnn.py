@@ -30,7 +30,9 @@ class MinGRU(AbstractLinearCell):
     in_features: int = eqx.field(static=True)
     hidden_size: int = eqx.field(static=True)
 
-    def __init__(self, in_features: int, hidden_size: int, *, dtype=None, key: PRNGKeyArray):
+    def __init__(
+        self, in_features: int, hidden_size: int, *, dtype=None, key: PRNGKeyArray
+    ):
         dtype = floating(dtype)
         kz, kh = jax.random.split(key)
         self.linear_z = _linear(in_features, hidden_size, dtype, kz)
@@ -67,7 +69,9 @@ class MinLSTM(AbstractLinearCell):
     in_features: int = eqx.field(static=True)
     hidden_size: int = eqx.field(static=True)
 
-    def __init__(self, in_features: int, hidden_size: int, *, dtype=None, key: PRNGKeyArray):
+    def __init__(
+        self, in_features: int, hidden_size: int, *, dtype=None, key: PRNGKeyArray
+    ):
         dtype = floating(dtype)
         kf, ki, kh = jax.random.split(key, 3)
         self.linear_f = _linear(in_features, hidden_size, dtype, kf)

@@ -44,7 +44,9 @@ def _zeros_state(cell, dtype) -> PyTree[Array] | None:
 
 
 def _shapes(tree):
-    return jax.tree_util.tree_map(lambda x: (jnp.shape(x), str(jnp.result_type(x))), tree)
+    return jax.tree_util.tree_map(
+        lambda x: (jnp.shape(x), str(jnp.result_type(x))), tree
+    )
 
 
 class Recurrence(eqx.Module):
@@ -104,7 +106,9 @@ class Recurrence(eqx.Module):
         shaped like the cell's state.
         """
         name = f"Recurrence({type(self.cell).__name__})"
-        features = getattr(self.cell, "in_features", getattr(self.cell, "input_size", None))
+        features = getattr(
+            self.cell, "in_features", getattr(self.cell, "input_size", None)
+        )
         shape = jnp.shape(xs)
         if (
             len(shape) != 2

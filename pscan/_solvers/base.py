@@ -56,11 +56,24 @@ class Problem(eqx.Module):
 
 
 class AbstractSolver(eqx.Module):
-    """Base class of the solvers passed to `pscan.recurrence`."""
+    """Base class of the solvers passed to `pscan.recurrence`: `Sequential`, `Picard`
+    and `Newton`. A new solver implements `solve`."""
 
     @abc.abstractmethod
     def solve(self, problem: Problem) -> tuple[Array, RESULTS, dict[str, Any]]:
-        """Returns the flat states `(T, d)`, a `RESULTS` code and statistics."""
+        """Solves one recurrence (called by `pscan.recurrence`, which flattens the
+        states).
+
+        **Arguments:**
+
+        - `problem`: the step function, its parameters, the inputs and the flat
+            initial state.
+
+        **Returns:**
+
+        `(hs, result, stats)`: the flat states `(T, d)`, a `pscan.RESULTS` code and the
+        statistics that `pscan.Solution.stats` documents.
+        """
 
 
 def _check_positive_int(owner, name, value, allow_none=False):

@@ -21,6 +21,15 @@ def default_solver(length: int, dtype) -> AbstractSolver:
     - GPU / TPU: `Newton(chunk_size=128)`, chunked multiple shooting, with tolerances
         `100 eps` of the state dtype (at least `1e-6`); it raises if it does not
         converge in 64 iterations.
+
+    **Arguments:**
+
+    - `length`: the number of steps `T`.
+    - `dtype`: the (real) dtype of the state.
+
+    **Returns:**
+
+    A pscan solver.
     """
     if jax.default_backend() == "cpu":
         every = 2 ** round(math.log2(math.sqrt(length)))

@@ -1,0 +1,60 @@
+"""Every public name is documented: on an API page of the docs site, with the
+docstring sections the API pages rely on."""
+
+import inspect
+import pathlib
+import re
+
+import equinox as eqx
+import pytest
+
+import pscan
+import pscan.nn
+
+
+DOCS = pathlib.Path(__file__).parent.parent / "docs"
+
+
+def public_names():
+    for module in (pscan, pscan.nn):
+        for name, obj in vars(module).items():
+            if name.startswith("_") or inspect.ismodule(obj):
+                continue
+            yield f"{module.__name__}.{name}", obj
+
+
+def documented():
+    text = "\n".join(p.read_text() for p in (DOCS / "api").glob("*.md"))
+    return set(re.findall(r"^::: ([\w.]+)", text, re.M))
+
+
+PUBLIC = list(public_names())
+
+
+@pytest.mark.parametrize("path, obj", PUBLIC, ids=[path for path, _ in PUBLIC])
+def test_public_name_is_documented(path, obj):
+    assert path in documented(), f"{path} has no `::: {path}` on a docs/api page"
+    doc = inspect.getdoc(obj)
+    assert doc and len(doc) > 40, f"{path} has no real docstring"
+    if isinstance(obj, type) and issubclass(obj, eqx.Enumeration):
+        return
+    if inspect.isfunction(obj):
+        assert "**Arguments:**" in doc and "**Returns:**" in doc, path
+    elif isinstance(obj, type):
+        takes = [
+            p for p in inspect.signature(obj).parameters.values()
+            if p.kind is not p.VAR_KEYWORD and p.kind is not p.VAR_POSITIONAL
+        ]
+        if takes:
+            assert "**Arguments:**" in doc or "**Attributes:**" in doc, path
+        # the methods users implement or call are documented too
+        for name, member in vars(obj).items():
+            if inspect.isfunction(member) and not name.startswith("_"):
+                mdoc = inspect.getdoc(member)
+                assert mdoc and "**Returns:**" in mdoc, f"{path}.{name}"
+
+
+def test_docs_pages_in_nav_exist():
+    nav = (DOCS.parent / "mkdocs.yml").read_text()
+    for page in re.findall(r":\s+([\w/]+\.md)", nav):
+        assert (DOCS / page).exists(), page

@@ -32,6 +32,12 @@ ROOT = pathlib.Path(__file__).parent.parent
             "validation loss",
         ),
         (
+            "asv_bench/gpu_check.py",
+            ["--length", "256", "--batch", "2", "--hidden", "3", "--gru-length", "64",
+             "--chunk", "8", "--repeats", "1"],
+            "of copy bandwidth",
+        ),
+        (
             "benchmarks/linear.py",
             ["--length", "100", "--repeats", "1", "--methods", "chunked", "--no-memory"],
             "| chunked | grad |",

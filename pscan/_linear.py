@@ -361,6 +361,7 @@ def linear_recurrence(
     reverse: bool = False,
     method: Method = "auto",
     chunk_size: int | None = None,
+    axis_name: str | None = None,
 ) -> Inexact[Array, "T *S"]:
     """All states of the linear recurrence `h[t] = a[t] * h[t-1] + b[t]`, `h[-1] = h0`.
 
@@ -385,6 +386,12 @@ def linear_recurrence(
         chunked on accelerators (measured; see the benchmarks page). `"auto"` with a
         `chunk_size` means chunked.
     - `chunk_size`: steps per chunk for `"chunked"`; defaults to about `sqrt(T)`.
+    - `axis_name`: inside `shard_map`, the mesh axis that splits time: `a` (unless
+        shared) and `b` are this device's block of consecutive steps, `h0` is
+        replicated, and the result is this device's block of `hs`. Blocks are solved
+        locally, summarised, exchanged with one `all_gather` and rerun from their true
+        starts. Use `shard_map(..., check_vma=False)` (`check_rep=False` on older jax),
+        or `pscan.sharded_linear_recurrence`, which pads and maps for you.
 
     **Returns:**
 
@@ -479,6 +486,16 @@ def linear_recurrence(
         chunk_size = default_chunk_size(length)
     if method != "chunked":
         chunk_size = None
-    return _linrec_p.bind(
-        a, b, h0, reverse=bool(reverse), method=method, chunk_size=chunk_size, dense=dense
+    def solve(a, b, h0):
+        return _linrec_p.bind(
+            a, b, h0, reverse=bool(reverse), method=method, chunk_size=chunk_size,
+            dense=dense,
+        )
+
+    if axis_name is None:
+        return solve(a, b, h0)
+    from ._sharding import across_devices
+
+    return across_devices(
+        solve, a, b, h0, axis_name=axis_name, reverse=bool(reverse), dense=dense
     )

@@ -1,0 +1,140 @@
+"""Sequence parallelism: one linear recurrence whose time axis is split over the devices
+of a mesh axis.
+
+Each device solves its block of steps from a zero state, and summarises the block as the
+affine map `start -> A start + end` it applies to its incoming state (`A` is the
+composed coefficient of the block). The `P` summaries are exchanged with one
+`all_gather`, the state entering every block follows from a `P`-step linear recurrence
+over them (run on every device; it is tiny), and each device reruns its block from its
+true start. Differentiation goes through the same code: the transpose of the
+`all_gather` is a reduce-scatter, so the backward pass makes the transposed exchange.
+"""
+
+import jax
+import jax.lax as lax
+import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec
+
+from ._chunking import shift_in
+
+
+try:  # jax >= 0.6
+    from jax import shard_map as _shard_map
+
+    _UNCHECKED = {"check_vma": False}
+except ImportError:  # pragma: no cover - older jax
+    from jax.experimental.shard_map import shard_map as _shard_map
+
+    _UNCHECKED = {"check_rep": False}
+
+
+def _block_coefficient(a, length: int, dense: bool, reverse: bool):
+    """The coefficient of a whole block of `length` steps, in processing order."""
+    if a.shape[0] == 1:  # shared by every step
+        a0 = a[0]
+        return jnp.linalg.matrix_power(a0, length) if dense else a0**length
+    if not dense:
+        return jnp.prod(a, axis=0)
+    eye = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape[1:])
+
+    def step(carry, a_t):
+        return jnp.matmul(a_t, carry, precision=lax.Precision.HIGHEST), None
+
+    return lax.scan(step, eye, a, reverse=reverse)[0]
+
+
+def across_devices(solve, a, b, h0, *, axis_name, reverse: bool, dense: bool):
+    """`solve(a, b, h0)` (the local recurrence) over a time axis split across
+    `axis_name`; called inside `shard_map` with this device's block."""
+    from ._linear import linear_recurrence
+
+    length = b.shape[0]
+    local = solve(a, b, jnp.zeros_like(h0))
+    end = local[0] if reverse else local[-1]
+    coefficient = _block_coefficient(a, length, dense, reverse)
+    coefficients = lax.all_gather(coefficient, axis_name)
+    ends = lax.all_gather(end, axis_name)
+    # the state after each device's block, then the one entering each block
+    after = linear_recurrence(
+        coefficients, ends, h0, reverse=reverse, method="sequential"
+    )
+    starts = shift_in(after, h0, reverse)
+    start = starts[lax.axis_index(axis_name)]
+    return solve(a, b, start)
+
+
+def sharded_linear_recurrence(
+    a,
+    b,
+    h0=None,
+    *,
+    mesh: Mesh,
+    axis_name: str,
+    reverse: bool = False,
+    method: str = "auto",
+    chunk_size: int | None = None,
+):
+    """`pscan.linear_recurrence` with its time axis split over a mesh axis.
+
+    Pads the time axis to a multiple of the number of devices along `axis_name` (the
+    padding is processed after every real step, so it never changes a real state),
+    runs `pscan.linear_recurrence(..., axis_name=axis_name)` under `shard_map`, and
+    removes the padding. Inputs may live anywhere; the result is sharded over
+    `axis_name` along time. Differentiable like `linear_recurrence`.
+
+    **Arguments:**
+
+    - `a`, `b`, `h0`, `reverse`, `method`, `chunk_size`: as for
+        `pscan.linear_recurrence`; `method` and `chunk_size` apply to each device's
+        block.
+    - `mesh`: a `jax.sharding.Mesh`.
+    - `axis_name`: the mesh axis to split time over.
+
+    **Returns:**
+
+    `hs`, as `pscan.linear_recurrence` returns it.
+
+    **Raises:**
+
+    `ValueError` when `axis_name` is not an axis of `mesh`, and whatever
+    `linear_recurrence` raises for its arguments.
+    """
+    from ._linear import linear_recurrence
+
+    if axis_name not in mesh.shape:
+        raise ValueError(
+            f"sharded_linear_recurrence: `axis_name` {axis_name!r} is not an axis of "
+            f"the mesh (axes {tuple(mesh.shape)})"
+        )
+    b = jnp.asarray(b)
+    a = jnp.asarray(a)
+    if b.ndim == 0:
+        raise ValueError(
+            "sharded_linear_recurrence: `b` must have a leading time axis, got a scalar"
+        )
+    length = b.shape[0]
+    devices = mesh.shape[axis_name]
+    dense = a.ndim == b.ndim + 1
+    timed = a.ndim >= b.ndim and a.shape[0] == length and length > 1
+    if h0 is None:
+        h0 = jnp.zeros(b.shape[1:], b.dtype)
+    pad = -length % devices
+    # padded steps come last in processing order: after the end, or before the start
+    where = (pad, 0) if reverse else (0, pad)
+    widths = lambda x: [where] + [(0, 0)] * (x.ndim - 1)
+    b = jnp.pad(b, widths(b))
+    if timed:
+        a = jnp.pad(a, widths(a))
+    time = PartitionSpec(axis_name)
+    fn = lambda a, b, h0: linear_recurrence(
+        a, b, h0, reverse=reverse, method=method, chunk_size=chunk_size,
+        axis_name=axis_name,
+    )
+    hs = _shard_map(
+        fn,
+        mesh=mesh,
+        in_specs=(time if timed else PartitionSpec(), time, PartitionSpec()),
+        out_specs=time,
+        **_UNCHECKED,
+    )(a, b, h0)
+    return hs[pad:] if reverse else hs[:length]

@@ -1,0 +1,32 @@
+"""Sequence parallelism over 4 forced host devices, in a subprocess (the device count is
+fixed when JAX starts)."""
+
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+import pscan
+
+
+def test_sharded_equals_single_device():
+    script = pathlib.Path(__file__).parent / "sharded_checks.py"
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=900,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    assert "OK" in out.stdout
+
+
+def test_one_device_mesh_and_bad_axis():
+    mesh = Mesh(np.array(jax.devices()[:1]), ("time",))
+    b = np.ones((5, 2))
+    hs = pscan.sharded_linear_recurrence(0.5, b, mesh=mesh, axis_name="time")
+    np.testing.assert_allclose(hs, pscan.linear_recurrence(0.5, b))
+    with pytest.raises(ValueError, match="'batch' is not an axis"):
+        pscan.sharded_linear_recurrence(0.5, b, mesh=mesh, axis_name="batch")

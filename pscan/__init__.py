@@ -3,7 +3,10 @@
 from . import nn as nn
 from ._linear import linear_recurrence as linear_recurrence
 from ._recurrence import recurrence as recurrence
-from ._sharding import sharded_linear_recurrence as sharded_linear_recurrence
+from ._sharding import (
+    sharded_linear_recurrence as sharded_linear_recurrence,
+    sharded_recurrence as sharded_recurrence,
+)
 from ._solution import RESULTS as RESULTS, Solution as Solution
 from ._solvers import (
     AbstractSolver as AbstractSolver,

@@ -145,12 +145,17 @@ def recurrence(
     hs_flat, result, stats = solver.solve(Problem(step, cell, xs, h0_flat, project))
     hs = jax.vmap(unravel)(hs_flat)
     if throw:
-        hs = _error_if_not_converged(hs, result, stats, solver)
-        hs = eqx.error_if(
-            hs,
-            result == RESULTS.nonfinite,
-            f"pscan.recurrence: {_describe(solver)} met non-finite states: the recurrence "
-            "diverges from this initial state, or its inputs or parameters are "
-            "non-finite.",
-        )
+        hs = raise_on_failure(hs, result, stats, solver)
     return Solution(hs=hs, result=result, stats=stats)
+
+
+def raise_on_failure(hs, result, stats, solver):
+    """`hs`, raising at run time if `result` says the solve failed."""
+    hs = _error_if_not_converged(hs, result, stats, solver)
+    return eqx.error_if(
+        hs,
+        result == RESULTS.nonfinite,
+        f"pscan.recurrence: {_describe(solver)} met non-finite states: the recurrence "
+        "diverges from this initial state, or its inputs or parameters are "
+        "non-finite.",
+    )

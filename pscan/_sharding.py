@@ -138,3 +138,88 @@ def sharded_linear_recurrence(
         **_UNCHECKED,
     )(a, b, h0)
     return hs[pad:] if reverse else hs[:length]
+
+
+def sharded_recurrence(
+    cell,
+    xs,
+    h0,
+    *,
+    solver,
+    mesh: Mesh,
+    axis_name: str,
+    throw: bool = True,
+):
+    """`pscan.recurrence` with its time axis split over a mesh axis.
+
+    Every device runs the cell over its own chunks; per iteration the chunk-start
+    states cross device boundaries (one `all_gather` of one state per device, plus the
+    exchange of `pscan.linear_recurrence` for `Newton`), and convergence is decided
+    for all devices at once. The gradient is the implicit one of `pscan.recurrence`, its
+    boundary recurrence split the same way. Pads the time axis (with the last input, at
+    the end) to a multiple of `devices * solver.chunk_size` and removes the padding.
+
+    **Arguments:**
+
+    - `cell`, `xs`, `h0`, `throw`: as for `pscan.recurrence`.
+    - `solver`: `pscan.Picard(...)` or `pscan.Newton(...)` (without `fallback`); its
+        `axis_name` is set to `axis_name`.
+    - `mesh`: a `jax.sharding.Mesh`.
+    - `axis_name`: the mesh axis to split time over.
+
+    **Returns:**
+
+    A `pscan.Solution`, `hs` split over `axis_name` along time.
+
+    **Raises:**
+
+    `ValueError` for a solver without parallelism across devices (`Sequential`), an
+    `axis_name` not in `mesh`, and whatever `pscan.recurrence` raises.
+    """
+    import dataclasses
+
+    from ._recurrence import raise_on_failure, recurrence
+    from ._solution import Solution
+    from ._solvers.base import AbstractShootingSolver
+
+    if not isinstance(solver, AbstractShootingSolver):
+        raise ValueError(
+            "sharded_recurrence: `solver` must be pscan.Picard or pscan.Newton (the "
+            f"solvers that are parallel in time), got {solver!r}"
+        )
+    if axis_name not in mesh.shape:
+        raise ValueError(
+            f"sharded_recurrence: `axis_name` {axis_name!r} is not an axis of the mesh "
+            f"(axes {tuple(mesh.shape)})"
+        )
+    solver = dataclasses.replace(solver, axis_name=axis_name)
+    leaves = jax.tree_util.tree_leaves(xs)
+    if not leaves or jnp.ndim(leaves[0]) == 0:
+        raise ValueError("sharded_recurrence: `xs` must have a leading time axis")
+    length = jnp.shape(leaves[0])[0]
+    block = mesh.shape[axis_name] * solver.chunk_size
+    pad = -length % block
+
+    def padded(x):
+        x = jnp.asarray(x)
+        tail = jnp.broadcast_to(x[-1:], (pad, *x.shape[1:]))
+        return jnp.concatenate([x, tail]) if pad else x
+
+    xs = jax.tree_util.tree_map(padded, xs)
+    time = PartitionSpec(axis_name)
+
+    def solve(cell, xs, h0):
+        sol = recurrence(cell, xs, h0, solver=solver, throw=False)
+        return sol.hs, sol.result, sol.stats
+
+    hs, result, stats = _shard_map(
+        solve,
+        mesh=mesh,
+        in_specs=(PartitionSpec(), time, PartitionSpec()),
+        out_specs=(time, PartitionSpec(), PartitionSpec()),
+        **_UNCHECKED,
+    )(cell, xs, h0)
+    hs = jax.tree_util.tree_map(lambda x: x[:length], hs)
+    if throw:
+        hs = raise_on_failure(hs, result, stats, solver)
+    return Solution(hs=hs, result=result, stats=stats)

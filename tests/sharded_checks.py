@@ -77,7 +77,66 @@ def main():
     _, t = jax.jvp(f, (a, b, h0), tangents)
     _, t_ref = jax.jvp(pscan.linear_recurrence, (a, b, h0), tangents)
     close(t, t_ref, "jvp")
+    count += nonlinear(mesh)
     print(f"OK {count + 2} cases")
+
+
+def nonlinear(mesh):
+    """Picard and Newton across devices: states and implicit gradients equal the
+    exact single-device ones; a user's own shard_map with `axis_name` works too."""
+    import equinox as eqx
+
+    cell = eqx.nn.GRUCell(2, 3, key=jax.random.PRNGKey(0), dtype=jnp.float64)
+    tol = dict(rtol=1e-12, atol=1e-12)
+    solvers = [
+        pscan.Picard(chunk_size=4, **tol),
+        pscan.Newton(chunk_size=4, **tol),
+        pscan.Newton(chunk_size=3, jacobian="diagonal", **tol),
+    ]
+    count = 0
+    for length in (5, 37):
+        xs = jax.random.normal(jax.random.PRNGKey(length), (length, 2), jnp.float64)
+        h0 = 0.1 * jnp.ones(3)
+        w = jax.random.normal(jax.random.PRNGKey(3), (length, 3), jnp.float64)
+        exact = lambda c, xs, h0: pscan.recurrence(c, xs, h0).hs
+        for solver in solvers:
+            sharded = lambda c, xs, h0, s=solver: pscan.sharded_recurrence(
+                c, xs, h0, solver=s, mesh=mesh, axis_name="time").hs
+            what = f"T={length} {solver}"
+            close(eqx.filter_jit(sharded)(cell, xs, h0), exact(cell, xs, h0), what)
+            loss = lambda f: lambda c, xs, h0: jnp.sum(w * f(c, xs, h0))
+            g = eqx.filter_jit(eqx.filter_grad(loss(sharded)))(cell, xs, h0)
+            g_ref = eqx.filter_grad(loss(exact))(cell, xs, h0)
+            for x, y in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(g_ref)):
+                close(x, y, f"{what}: gradient wrt the cell")
+            g = jax.grad(loss(sharded), argnums=(1, 2))(cell, xs, h0)
+            g_ref = jax.grad(loss(exact), argnums=(1, 2))(cell, xs, h0)
+            close(g[0], g_ref[0], f"{what}: gradient wrt xs")
+            close(g[1], g_ref[1], f"{what}: gradient wrt h0")
+            count += 1
+    # the user's own shard_map, 8 steps per device
+    xs = jax.random.normal(jax.random.PRNGKey(9), (32, 2), jnp.float64)
+    h0 = jnp.zeros(3)
+    solver = pscan.Newton(chunk_size=4, axis_name="time", **tol)
+    time = PartitionSpec("time")
+    f = _shard_map(
+        lambda c, xs, h0: pscan.recurrence(c, xs, h0, solver=solver, throw=False).hs,
+        mesh=mesh, in_specs=(PartitionSpec(), time, PartitionSpec()), out_specs=time,
+        **_UNCHECKED)
+    close(eqx.filter_jit(f)(cell, xs, h0), pscan.recurrence(cell, xs, h0).hs, "user")
+    # each device's block must be whole chunks
+    bad = pscan.Newton(chunk_size=3, axis_name="time")
+    g = _shard_map(
+        lambda c, xs, h0: pscan.recurrence(c, xs, h0, solver=bad, throw=False).hs,
+        mesh=mesh, in_specs=(PartitionSpec(), time, PartitionSpec()), out_specs=time,
+        **_UNCHECKED)
+    try:
+        eqx.filter_jit(g)(cell, xs, h0)
+    except ValueError as e:
+        assert "multiple of `chunk_size` (3), got 8 steps" in str(e), e
+    else:
+        raise AssertionError("no ValueError for blocks that are not whole chunks")
+    return count + 1
 
 
 if __name__ == "__main__":

@@ -30,3 +30,15 @@ def test_one_device_mesh_and_bad_axis():
     np.testing.assert_allclose(hs, pscan.linear_recurrence(0.5, b))
     with pytest.raises(ValueError, match="'batch' is not an axis"):
         pscan.sharded_linear_recurrence(0.5, b, mesh=mesh, axis_name="batch")
+
+
+def test_sharded_recurrence_bad_input():
+    mesh = Mesh(np.array(jax.devices()[:1]), ("time",))
+    cell = lambda x, h: h
+    with pytest.raises(ValueError, match="Picard or pscan.Newton"):
+        pscan.sharded_recurrence(
+            cell, np.ones((4, 1)), np.zeros(1), solver=pscan.Sequential(), mesh=mesh,
+            axis_name="time",
+        )
+    with pytest.raises(ValueError, match="cannot be combined with `axis_name`"):
+        pscan.Newton(fallback="sequential", axis_name="time")

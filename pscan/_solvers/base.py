@@ -102,6 +102,7 @@ class AbstractShootingSolver(AbstractSolver):
     rtol: eqx.AbstractVar[float]
     atol: eqx.AbstractVar[float]
     fallback: eqx.AbstractVar[str | None]
+    axis_name: eqx.AbstractVar[str | None]
     name: ClassVar[str] = "solver"
 
     def __check_init__(self):
@@ -114,12 +115,23 @@ class AbstractShootingSolver(AbstractSolver):
                 f"{self.name}: `fallback` must be None or 'sequential', got "
                 f"{self.fallback!r}"
             )
+        if self.axis_name is not None and self.fallback is not None:
+            raise ValueError(
+                f"{self.name}: `fallback='sequential'` cannot be combined with "
+                "`axis_name` (the exact fallback has no parallelism across devices)"
+            )
 
     @abc.abstractmethod
     def _update(self, chunk_end, starts, xs, h0) -> Array:
         """New chunk starts `(K, d)` (the first is `h0`) from the current ones."""
 
     def solve(self, problem):
+        if self.axis_name is not None and problem.length % self.chunk_size:
+            raise ValueError(
+                f"{self.name}: with `axis_name`, each device's block of steps must be a "
+                f"multiple of `chunk_size` ({self.chunk_size}), got {problem.length} "
+                "steps (pscan.sharded_recurrence pads for you)"
+            )
         params, static_params = eqx.partition(problem.params, eqx.is_inexact_array)
         vjp_arg = (params, problem.xs, problem.h0)
         static = (problem.step, problem.project, static_params)
@@ -149,6 +161,34 @@ def run_chunks(problem, starts, xs_chunks):
     return from_chunks(hs, problem.length)
 
 
+def shift_forward(ends, h0, axis_name):
+    """The chunk starts that chunk ends imply: `[h0, ends[0], ..., ends[K-2]]`; with
+    `axis_name`, a device's first start is the previous device's last end."""
+    if axis_name is None:
+        return shift_in(ends, h0)
+    last = lax.all_gather(ends[-1], axis_name)
+    i = lax.axis_index(axis_name)
+    incoming = jnp.where(i == 0, h0, last[jnp.maximum(i - 1, 0)])
+    return jnp.concatenate([incoming[None], ends[:-1]])
+
+
+def shift_backward(mu, axis_name):
+    """`mu[k + 1]` for every chunk `k` (zero after the last one); with `axis_name`, a
+    device's last chunk reads the next device's first."""
+    if axis_name is None:
+        return jnp.concatenate([mu[1:], jnp.zeros_like(mu[:1])])
+    first = lax.all_gather(mu[0], axis_name)
+    devices = first.shape[0]
+    i = lax.axis_index(axis_name)
+    incoming = jnp.where(i == devices - 1, 0, first[jnp.minimum(i + 1, devices - 1)])
+    return jnp.concatenate([mu[1:], incoming[None]])
+
+
+def _everywhere(x, axis_name, reduce):
+    """`x` reduced over the devices of `axis_name` (unchanged without one)."""
+    return x if axis_name is None else reduce(x, axis_name)
+
+
 def _scaled_change(new, old, rtol, atol):
     """`max |new - old| / (atol + rtol |new|)`: converged when `<= 1`."""
     scale = atol + rtol * jnp.abs(new)
@@ -160,6 +200,11 @@ def _iterate(solver, problem, xs_chunks):
     k = jax.tree_util.tree_leaves(xs_chunks)[0].shape[0]
     starts = jnp.broadcast_to(problem.h0, (k, problem.h0.shape[0]))
     end = lambda s, xs_k: chunk_end(problem, s, xs_k)
+    axis = solver.axis_name
+
+    def _all_finite(x):
+        finite = jnp.all(jnp.isfinite(x)).astype(jnp.int32)
+        return _everywhere(finite, axis, lax.pmin) > 0
 
     def cond(carry):
         _, it, change, finite = carry
@@ -168,17 +213,21 @@ def _iterate(solver, problem, xs_chunks):
     def body(carry):
         starts, it, _, _ = carry
         new = solver._update(end, starts, xs_chunks, problem.h0)
-        finite = jnp.all(jnp.isfinite(new))
+        finite = _all_finite(new)
         # a non-finite linearised step falls back to a Picard sweep from the last
-        # finite guess, which always makes progress (one more chunk becomes exact)
+        # finite guess, which always makes progress (one more chunk becomes exact);
+        # `finite` is the same on every device, so they all take the same branch
         new = lax.cond(
             finite,
             lambda: new,
-            lambda: shift_in(jax.vmap(end)(starts, xs_chunks), problem.h0),
+            lambda: shift_forward(
+                jax.vmap(end)(starts, xs_chunks), problem.h0, axis
+            ),
         )
-        finite = jnp.all(jnp.isfinite(new))
+        finite = _all_finite(new)
         new = jnp.where(finite, new, starts)
         change = _scaled_change(new, starts, solver.rtol, solver.atol)
+        change = _everywhere(change, axis, lax.pmax)
         return new, it + 1, change, finite
 
     inf = jnp.array(jnp.inf, problem.h0.real.dtype)
@@ -260,16 +309,24 @@ def _shooting_solve_bwd(starts, grad_obj, perturbed, vjp_arg, static, solver):
         return vjp(ct_k)[0]
 
     c_k = jax.vmap(local)(starts, xs_chunks, ct_chunks)
-    # the chunk Jacobians J_k = d F_k / d s_k by forward mode, all chunks at once
-    head = jax.tree_util.tree_map(lambda x: x[:-1], xs_chunks)
-    jac = jax.vmap(jax.jacfwd(lambda s, xs_k: chunk(params, s, xs_k)[1]))(starts[:-1], head)
+    axis = solver.axis_name
+    # the chunk Jacobians J_k = d F_k / d s_k by forward mode, all chunks at once (the
+    # last chunk's is not needed; across devices, only the last device's)
+    jacobian = jax.vmap(jax.jacfwd(lambda s, xs_k: chunk(params, s, xs_k)[1]))
+    if axis is None:
+        head = jax.tree_util.tree_map(lambda x: x[:-1], xs_chunks)
+        jac = jacobian(starts[:-1], head)
+        d = problem.h0.shape[0]
+        jac = jnp.concatenate([jac, jnp.zeros((1, d, d), jac.dtype)])
+    else:
+        jac = jacobian(starts, xs_chunks)
     # mu[k] = c[k] + J_k^T mu[k+1]: a reverse-time dense linear recurrence over chunks
-    d = problem.h0.shape[0]
-    a = jnp.concatenate([jnp.swapaxes(jac, -1, -2), jnp.zeros((1, d, d), jac.dtype)])
-    mu = linear_recurrence(a, c_k, reverse=True)
+    mu = linear_recurrence(
+        jnp.swapaxes(jac, -1, -2), c_k, reverse=True, axis_name=axis
+    )
     # cotangents of params and xs: one vectorised VJP per chunk, the cotangent of each
     # chunk's end being the next chunk's mu
-    mu_next = jnp.concatenate([mu[1:], jnp.zeros_like(mu[:1])])
+    mu_next = shift_backward(mu, axis)
 
     def grads(s, xs_k, ct_k, mu_k):
         _, vjp = jax.vjp(lambda p, xs_k: chunk(p, s, xs_k), params, xs_k)
@@ -278,4 +335,7 @@ def _shooting_solve_bwd(starts, grad_obj, perturbed, vjp_arg, static, solver):
     ct_params, ct_xs = jax.vmap(grads)(starts, xs_chunks, ct_chunks, mu_next)
     ct_params = jax.tree_util.tree_map(lambda g: jnp.sum(g, axis=0), ct_params)
     ct_xs = from_chunks(ct_xs, problem.length)
-    return ct_params, ct_xs, mu[0]
+    ct_h0 = mu[0]
+    if axis is not None:  # h0 enters on the first device only
+        ct_h0 = jnp.where(lax.axis_index(axis) == 0, ct_h0, 0)
+    return ct_params, ct_xs, ct_h0

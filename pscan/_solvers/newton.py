@@ -6,7 +6,7 @@ import jax.lax as lax
 import jax.numpy as jnp
 
 from .._linear import linear_recurrence
-from .base import AbstractShootingSolver
+from .base import AbstractShootingSolver, shift_forward
 
 
 def _diagonal_jacobian(f, s):
@@ -49,6 +49,9 @@ class Newton(AbstractShootingSolver):
         `atol + rtol * |s|` in the last iteration.
     - `fallback`: `None`, or `"sequential"` to return the exact sequential solution
         (and flag `stats["fell_back"]`) when not converged.
+    - `axis_name`: inside `shard_map`, the mesh axis that splits time (each device
+        holds a block of consecutive steps, a multiple of `chunk_size`); boundary
+        states cross devices once per iteration. See `pscan.sharded_recurrence`.
     """
 
     chunk_size: int = eqx.field(static=True, default=1)
@@ -58,6 +61,7 @@ class Newton(AbstractShootingSolver):
     rtol: float = eqx.field(static=True, default=1e-6)
     atol: float = eqx.field(static=True, default=1e-6)
     fallback: str | None = eqx.field(static=True, default=None)
+    axis_name: str | None = eqx.field(static=True, default=None)
     name: ClassVar[str] = "Newton"
 
     def __check_init__(self):
@@ -71,18 +75,27 @@ class Newton(AbstractShootingSolver):
 
     def _update(self, chunk_end, starts, xs, h0):
         ends = jax.vmap(chunk_end)(starts, xs)
+        # every chunk's linearisation but the last one's (across devices, the last
+        # chunk of a device feeds the next device)
+        sharded = self.axis_name is not None
+        lin_starts = starts if sharded else starts[:-1]
+        lin_xs = xs if sharded else _head(xs)
+        lin_ends = ends if sharded else ends[:-1]
         if self.jacobian == "dense":
-            jac = jax.vmap(jax.jacfwd(chunk_end))(starts[:-1], _head(xs))
+            jac = jax.vmap(jax.jacfwd(chunk_end))(lin_starts, lin_xs)
             apply = lambda a, s: jnp.einsum(
                 "kij,kj->ki", a, s, precision=lax.Precision.HIGHEST
             )
         else:
             jac = jax.vmap(
                 lambda s, x: _diagonal_jacobian(lambda s: chunk_end(s, x), s)
-            )(starts[:-1], _head(xs))
+            )(lin_starts, lin_xs)
             apply = lambda a, s: a * s
         a = (1 - self.damping) * jac
-        b = ends[:-1] - apply(a, starts[:-1])
+        b = lin_ends - apply(a, lin_starts)
+        if sharded:
+            after = linear_recurrence(a, b, h0, axis_name=self.axis_name)
+            return shift_forward(after, h0, self.axis_name)
         return jnp.concatenate([h0[None], linear_recurrence(a, b, h0)])
 
 

@@ -3,8 +3,7 @@ from typing import ClassVar
 import equinox as eqx
 import jax
 
-from .._chunking import shift_in
-from .base import AbstractShootingSolver
+from .base import AbstractShootingSolver, shift_forward
 
 
 class Picard(AbstractShootingSolver):
@@ -24,6 +23,9 @@ class Picard(AbstractShootingSolver):
         `atol + rtol * |s|` in the last sweep.
     - `fallback`: `None`, or `"sequential"` to return the exact sequential solution
         (and flag `stats["fell_back"]`) when not converged.
+    - `axis_name`: inside `shard_map`, the mesh axis that splits time (each device
+        holds a block of consecutive steps, a multiple of `chunk_size`); boundary
+        states cross devices once per iteration. See `pscan.sharded_recurrence`.
     """
 
     chunk_size: int = eqx.field(static=True, default=64)
@@ -31,7 +33,8 @@ class Picard(AbstractShootingSolver):
     rtol: float = eqx.field(static=True, default=1e-6)
     atol: float = eqx.field(static=True, default=1e-6)
     fallback: str | None = eqx.field(static=True, default=None)
+    axis_name: str | None = eqx.field(static=True, default=None)
     name: ClassVar[str] = "Picard"
 
     def _update(self, chunk_end, starts, xs, h0):
-        return shift_in(jax.vmap(chunk_end)(starts, xs), h0)
+        return shift_forward(jax.vmap(chunk_end)(starts, xs), h0, self.axis_name)

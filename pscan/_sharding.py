@@ -10,6 +10,7 @@ true start. Differentiation goes through the same code: the transpose of the
 `all_gather` is a reduce-scatter, so the backward pass makes the transposed exchange.
 """
 
+import equinox as eqx
 import jax
 import jax.lax as lax
 import jax.numpy as jnp
@@ -212,12 +213,16 @@ def sharded_recurrence(
         sol = recurrence(cell, xs, h0, solver=solver, throw=False)
         return sol.hs, sol.result, sol.stats
 
-    hs, result, stats = _shard_map(
-        solve,
-        mesh=mesh,
-        in_specs=(PartitionSpec(), time, PartitionSpec()),
-        out_specs=(time, PartitionSpec(), PartitionSpec()),
-        **_UNCHECKED,
+    # traced even when called eagerly: an eager shard_map cannot run the solver's
+    # custom VJP
+    hs, result, stats = eqx.filter_jit(
+        _shard_map(
+            solve,
+            mesh=mesh,
+            in_specs=(PartitionSpec(), time, PartitionSpec()),
+            out_specs=(time, PartitionSpec(), PartitionSpec()),
+            **_UNCHECKED,
+        )
     )(cell, xs, h0)
     hs = jax.tree_util.tree_map(lambda x: x[:length], hs)
     if throw:

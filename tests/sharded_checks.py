@@ -40,9 +40,10 @@ def main():
     )
     count = 0
     for length, kind, reverse, method in cases:
-        if method == "chunked" and length != 37:
+        # every kind and direction at T = 1 and 37; the rest on a few kinds only
+        if method == "chunked" and (length != 37 or kind in ("scalar", "shared")):
             continue
-        if length == 130 and (kind, method) != ("diagonal", "sequential"):
+        if length in (7, 130) and (kind, method) != ("diagonal", "sequential"):
             continue
         problem_kind = "diagonal" if kind == "shared" else kind
         a, b, h0 = make_linear_problem(length, length, (2, 3), problem_kind)
@@ -99,7 +100,7 @@ def nonlinear(mesh):
         h0 = 0.1 * jnp.ones(3)
         w = jax.random.normal(jax.random.PRNGKey(3), (length, 3), jnp.float64)
         exact = lambda c, xs, h0: pscan.recurrence(c, xs, h0).hs
-        for solver in solvers:
+        for solver in solvers if length == 37 else solvers[1:2]:
             sharded = lambda c, xs, h0, s=solver: pscan.sharded_recurrence(
                 c, xs, h0, solver=s, mesh=mesh, axis_name="time").hs
             what = f"T={length} {solver}"
@@ -114,6 +115,10 @@ def nonlinear(mesh):
             close(g[0], g_ref[0], f"{what}: gradient wrt xs")
             close(g[1], g_ref[1], f"{what}: gradient wrt h0")
             count += 1
+    # called eagerly (outside any jit)
+    eager = pscan.sharded_recurrence(cell, xs, h0, solver=solvers[0], mesh=mesh,
+                                     axis_name="time")
+    close(eager.hs, exact(cell, xs, h0), "eager")
     # the user's own shard_map, 8 steps per device
     xs = jax.random.normal(jax.random.PRNGKey(9), (32, 2), jnp.float64)
     h0 = jnp.zeros(3)

@@ -20,11 +20,11 @@ import time
 
 import equinox as eqx
 import jax
-import jax.lax as lax
 import jax.numpy as jnp
 import numpy as np
 
 import pscan
+from benchmarks.linear import scan_baseline as scan_linear  # asv_bench/benchmarks
 
 
 def timed(fn, *args, repeats):
@@ -39,14 +39,6 @@ def timed(fn, *args, repeats):
         jax.block_until_ready(compiled(*args))
         times.append(time.perf_counter() - start)
     return float(np.median(times)), compile_s
-
-
-def scan_linear(a, b):
-    def step(h, ab):
-        h = ab[0] * h + ab[1]
-        return h, h
-
-    return lax.scan(step, jnp.zeros_like(b[0]), (a, b))[1]
 
 
 def linear_rows(args):

@@ -115,7 +115,6 @@ def sharded_linear_recurrence(
         )
     length = b.shape[0]
     devices = mesh.shape[axis_name]
-    dense = a.ndim == b.ndim + 1
     timed = a.ndim >= b.ndim and a.shape[0] == length and length > 1
     if h0 is None:
         h0 = jnp.zeros(b.shape[1:], b.dtype)

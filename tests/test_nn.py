@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from hypothesis import given, settings, strategies as st
 from jax.test_util import check_grads
 
 import pscan
@@ -60,6 +61,32 @@ def test_layer_matches_hand_written_scan(name, length, reverse):
     assert tree_allclose(ys, expect, rtol=1e-10, atol=1e-10)
     if name == "LRU":
         assert ys.shape == (length, IN) and not jnp.iscomplexobj(ys)
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    name=st.sampled_from(["ElmanCell", "MinGRU", "LRU", "GRUCell"]),
+    length=st.integers(1, 80),
+    in_features=st.integers(1, 4),
+    hidden=st.integers(1, 5),
+    reverse=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_layer_hypothesis(name, length, in_features, hidden, reverse, seed):
+    """Any length and width (the default solver's checkpoint interval follows T)."""
+    kc, kx, kh = jax.random.split(jax.random.PRNGKey(seed), 3)
+    cell = {
+        "ElmanCell": nn.ElmanCell,
+        "MinGRU": nn.MinGRU,
+        "LRU": nn.LRU,
+        "GRUCell": eqx.nn.GRUCell,
+    }[name](in_features, hidden, key=kc)
+    xs = jax.random.normal(kx, (length, in_features))
+    h0 = jax.random.normal(kh, (hidden,))
+    if name == "LRU":
+        h0 = h0 * (1 + 1j)
+    ys = nn.Recurrence(cell, reverse=reverse)(xs, h0)
+    assert tree_allclose(ys, hand_scan(cell, xs, h0, reverse), rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("name", CELLS)

@@ -65,6 +65,12 @@ def _at(x, s, axis: int):
     return lax.dynamic_index_in_dim(x, s, axis, keepdims=False)
 
 
+def _like_inputs(x, b, axis: int = 0):
+    """`x` (shaped like one step of `b` along `axis`), typed to vary across the
+    devices of a `shard_map` as `b` does; the value is unchanged (adds zeros)."""
+    return x + jnp.zeros_like(lax.index_in_dim(b, 0, axis, keepdims=False))
+
+
 def _full_time(a, length: int):
     """`a` with its (possibly shared, length-1) time axis materialised to `length`."""
     return jnp.broadcast_to(a, (length, *a.shape[1:]))
@@ -100,6 +106,8 @@ def _loop(a, b, h0, *, axis: int, reverse: bool, dense: bool, emit=True, adjoint
         h = _apply(a_s, h, dense) + b_s
         return h, h
 
+    # inside shard_map the carry must vary across devices as the inputs do
+    h0 = _like_inputs(h0, b, axis)
     if axis == 0:
         shared = a.shape[0] == 1
 
@@ -203,6 +211,7 @@ def _chunked(a, b, h0, *, reverse: bool, dense: bool, chunk_size: int):
     if dense:
         # the chunk's transition matrix: the ordered product of its C matrices
         eye = jnp.broadcast_to(_identity_like(a, dense), (ac.shape[0], *ac.shape[2:]))
+        eye = eye + jnp.zeros_like(ac[:, 0])
 
         def step(i, p):
             s = chunk_size - 1 - i if reverse else i
@@ -239,7 +248,9 @@ def _solve(a, b, h0, *, reverse, method, chunk_size, dense):
 _linrec_p = jax.extend.core.Primitive("pscan_linear_recurrence")
 _STATIC = ("reverse", "method", "chunk_size", "dense")
 _linrec_p.def_impl(jax.jit(_solve, static_argnames=_STATIC))
-_linrec_p.def_abstract_eval(lambda a, b, h0, **_: jax.core.ShapedArray(b.shape, b.dtype))
+# `b`'s own abstract value (shape, dtype and, inside shard_map, how it varies across
+# devices), as the states are
+_linrec_p.def_abstract_eval(lambda a, b, h0, **_: b.update(weak_type=False))
 mlir.register_lowering(_linrec_p, mlir.lower_fun(_solve, multiple_results=False))
 
 
@@ -263,7 +274,7 @@ def _transpose(ct, a, b, h0, *, reverse, dense, method, chunk_size):
     if type(ct) is ad.Zero:
         return None, None, None
     a_t = jnp.swapaxes(a, -1, -2) if dense else a
-    lam_0 = jnp.zeros(ct.shape[1:], ct.dtype)
+    lam_0 = jnp.zeros_like(ct[0])
     # lam[t] = ct[t] + a[t+1]^T lam[t+1]: a linear recurrence in the other direction,
     # with coefficients one step ahead (behind if `reverse`)
     if method == "sequential":
@@ -390,8 +401,9 @@ def linear_recurrence(
         shared) and `b` are this device's block of consecutive steps, `h0` is
         replicated, and the result is this device's block of `hs`. Blocks are solved
         locally, summarised, exchanged with one `all_gather` and rerun from their true
-        starts. Use `shard_map(..., check_vma=False)` (`check_rep=False` on older jax),
-        or `pscan.sharded_linear_recurrence`, which pads and maps for you.
+        starts. Works with `jax.shard_map`'s variance checks on or off; with the older
+        `jax.experimental.shard_map` pass `check_rep=False`. Or use
+        `pscan.sharded_linear_recurrence`, which pads and maps for you.
 
     **Returns:**
 

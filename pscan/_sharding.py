@@ -37,6 +37,7 @@ def _block_coefficient(a, length: int, dense: bool, reverse: bool):
     if not dense:
         return jnp.prod(a, axis=0)
     eye = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape[1:])
+    eye = eye + jnp.zeros_like(a[0])  # varies across devices as `a` does
 
     def step(carry, a_t):
         return jnp.matmul(a_t, carry, precision=lax.Precision.HIGHEST), None

@@ -184,6 +184,36 @@ def shift_backward(mu, axis_name):
     return jnp.concatenate([mu[1:], incoming[None]])
 
 
+def _varying(x, axis_name):
+    """`x`, typed as varying across `axis_name` (for `shard_map`'s checks on jax
+    versions that track it; a no-op elsewhere)."""
+    if axis_name is None:
+        return x
+    pcast = getattr(lax, "pcast", None)
+    if pcast is not None:
+        return pcast(x, (axis_name,), to="varying")
+    pvary = getattr(lax, "pvary", None)
+    return x if pvary is None else pvary(x, (axis_name,))
+
+
+def _varies(x, axis_name) -> bool:
+    """Whether `x` is typed as varying across `axis_name` (only when `shard_map` tracks
+    it: `jax.shard_map` with `check_vma=True`)."""
+    typeof = getattr(jax, "typeof", None) or jax.core.get_aval  # jax < 0.6
+    aval = typeof(x)
+    manual = getattr(aval, "manual_axis_type", None)  # jax >= 0.10; `vma` before
+    varying = manual.varying if manual is not None else getattr(aval, "vma", ())
+    return axis_name in varying
+
+
+def _cotangent_like(ct, primal, axis_name):
+    """The cotangent of a replicated input: summed over the devices here when
+    `shard_map` tracks variance (its transpose sums it otherwise)."""
+    if axis_name is not None and _varies(ct, axis_name) and not _varies(primal, axis_name):
+        return lax.psum(ct, axis_name)
+    return ct
+
+
 def _everywhere(x, axis_name, reduce):
     """`x` reduced over the devices of `axis_name` (unchanged without one)."""
     return x if axis_name is None else reduce(x, axis_name)
@@ -199,6 +229,7 @@ def _iterate(solver, problem, xs_chunks):
     """The solver's sweeps in a `while_loop`. Returns `(starts, iters, change, finite)`."""
     k = jax.tree_util.tree_leaves(xs_chunks)[0].shape[0]
     starts = jnp.broadcast_to(problem.h0, (k, problem.h0.shape[0]))
+    starts = _varying(starts, solver.axis_name)
     end = lambda s, xs_k: chunk_end(problem, s, xs_k)
     axis = solver.axis_name
 
@@ -338,4 +369,8 @@ def _shooting_solve_bwd(starts, grad_obj, perturbed, vjp_arg, static, solver):
     ct_h0 = mu[0]
     if axis is not None:  # h0 enters on the first device only
         ct_h0 = jnp.where(lax.axis_index(axis) == 0, ct_h0, 0)
+        ct_h0 = _cotangent_like(ct_h0, vjp_arg[2], axis)
+        ct_params = jax.tree_util.tree_map(
+            lambda g, p: _cotangent_like(g, p, axis), ct_params, params
+        )
     return ct_params, ct_xs, ct_h0

@@ -67,7 +67,8 @@ def _at(x, s, axis: int):
 
 def _like_inputs(x, b, axis: int = 0):
     """`x` (shaped like one step of `b` along `axis`), typed to vary across the
-    devices of a `shard_map` as `b` does; the value is unchanged (adds zeros)."""
+    devices of a `shard_map` as `b` does (a loop carry must be typed like what the loop
+    adds to it); the value is unchanged (adds zeros)."""
     return x + jnp.zeros_like(lax.index_in_dim(b, 0, axis, keepdims=False))
 
 
@@ -211,7 +212,7 @@ def _chunked(a, b, h0, *, reverse: bool, dense: bool, chunk_size: int):
     if dense:
         # the chunk's transition matrix: the ordered product of its C matrices
         eye = jnp.broadcast_to(_identity_like(a, dense), (ac.shape[0], *ac.shape[2:]))
-        eye = eye + jnp.zeros_like(ac[:, 0])
+        eye = _like_inputs(eye, ac, axis=1)
 
         def step(i, p):
             s = chunk_size - 1 - i if reverse else i

@@ -10,6 +10,8 @@ true start. Differentiation goes through the same code: the transpose of the
 `all_gather` is a reduce-scatter, so the backward pass makes the transposed exchange.
 """
 
+import dataclasses
+
 import equinox as eqx
 import jax
 import jax.lax as lax
@@ -17,6 +19,10 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec
 
 from ._chunking import shift_in
+from ._linear import _like_inputs, linear_recurrence
+from ._recurrence import raise_on_failure, recurrence
+from ._solution import Solution
+from ._solvers.base import AbstractShootingSolver
 
 
 try:  # jax >= 0.6
@@ -37,7 +43,7 @@ def _block_coefficient(a, length: int, dense: bool, reverse: bool):
     if not dense:
         return jnp.prod(a, axis=0)
     eye = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape[1:])
-    eye = eye + jnp.zeros_like(a[0])  # varies across devices as `a` does
+    eye = _like_inputs(eye, a)
 
     def step(carry, a_t):
         return jnp.matmul(a_t, carry, precision=lax.Precision.HIGHEST), None
@@ -45,11 +51,17 @@ def _block_coefficient(a, length: int, dense: bool, reverse: bool):
     return lax.scan(step, eye, a, reverse=reverse)[0]
 
 
+def _check_axis(owner: str, mesh: Mesh, axis_name: str):
+    if axis_name not in mesh.shape:
+        raise ValueError(
+            f"{owner}: `axis_name` {axis_name!r} is not an axis of the mesh (axes "
+            f"{tuple(mesh.shape)})"
+        )
+
+
 def across_devices(solve, a, b, h0, *, axis_name, reverse: bool, dense: bool):
     """`solve(a, b, h0)` (the local recurrence) over a time axis split across
     `axis_name`; called inside `shard_map` with this device's block."""
-    from ._linear import linear_recurrence
-
     length = b.shape[0]
     local = solve(a, b, jnp.zeros_like(h0))
     end = local[0] if reverse else local[-1]
@@ -101,13 +113,7 @@ def sharded_linear_recurrence(
     `ValueError` when `axis_name` is not an axis of `mesh`, and whatever
     `linear_recurrence` raises for its arguments.
     """
-    from ._linear import linear_recurrence
-
-    if axis_name not in mesh.shape:
-        raise ValueError(
-            f"sharded_linear_recurrence: `axis_name` {axis_name!r} is not an axis of "
-            f"the mesh (axes {tuple(mesh.shape)})"
-        )
+    _check_axis("sharded_linear_recurrence", mesh, axis_name)
     b = jnp.asarray(b)
     a = jnp.asarray(a)
     if b.ndim == 0:
@@ -177,22 +183,12 @@ def sharded_recurrence(
     `ValueError` for a solver without parallelism across devices (`Sequential`), an
     `axis_name` not in `mesh`, and whatever `pscan.recurrence` raises.
     """
-    import dataclasses
-
-    from ._recurrence import raise_on_failure, recurrence
-    from ._solution import Solution
-    from ._solvers.base import AbstractShootingSolver
-
     if not isinstance(solver, AbstractShootingSolver):
         raise ValueError(
             "sharded_recurrence: `solver` must be pscan.Picard or pscan.Newton (the "
             f"solvers that are parallel in time), got {solver!r}"
         )
-    if axis_name not in mesh.shape:
-        raise ValueError(
-            f"sharded_recurrence: `axis_name` {axis_name!r} is not an axis of the mesh "
-            f"(axes {tuple(mesh.shape)})"
-        )
+    _check_axis("sharded_recurrence", mesh, axis_name)
     solver = dataclasses.replace(solver, axis_name=axis_name)
     leaves = jax.tree_util.tree_leaves(xs)
     if not leaves or jnp.ndim(leaves[0]) == 0:

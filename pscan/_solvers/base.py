@@ -228,10 +228,9 @@ def _scaled_change(new, old, rtol, atol):
 def _iterate(solver, problem, xs_chunks):
     """The solver's sweeps in a `while_loop`. Returns `(starts, iters, change, finite)`."""
     k = jax.tree_util.tree_leaves(xs_chunks)[0].shape[0]
-    starts = jnp.broadcast_to(problem.h0, (k, problem.h0.shape[0]))
-    starts = _varying(starts, solver.axis_name)
-    end = lambda s, xs_k: chunk_end(problem, s, xs_k)
     axis = solver.axis_name
+    starts = _varying(jnp.broadcast_to(problem.h0, (k, problem.h0.shape[0])), axis)
+    end = lambda s, xs_k: chunk_end(problem, s, xs_k)
 
     def _all_finite(x):
         finite = jnp.all(jnp.isfinite(x)).astype(jnp.int32)

@@ -10,6 +10,7 @@ from ._sharding import (
 from ._solution import RESULTS as RESULTS, Solution as Solution
 from ._solvers import (
     AbstractSolver as AbstractSolver,
+    Problem as Problem,
     Newton as Newton,
     Picard as Picard,
     Sequential as Sequential,

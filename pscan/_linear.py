@@ -24,6 +24,7 @@ import numpy as np
 from jax.interpreters import ad, batching, mlir
 from jaxtyping import Array, ArrayLike, Inexact
 
+from ._axis import like_inputs
 from ._chunking import default_chunk_size, from_chunks, shift_in, to_chunks
 
 
@@ -65,13 +66,6 @@ def _at(x, s, axis: int):
     return lax.dynamic_index_in_dim(x, s, axis, keepdims=False)
 
 
-def _like_inputs(x, b, axis: int = 0):
-    """`x` (shaped like one step of `b` along `axis`), typed to vary across the
-    devices of a `shard_map` as `b` does (a loop carry must be typed like what the loop
-    adds to it); the value is unchanged (adds zeros)."""
-    return x + jnp.zeros_like(lax.index_in_dim(b, 0, axis, keepdims=False))
-
-
 def _full_time(a, length: int):
     """`a` with its (possibly shared, length-1) time axis materialised to `length`."""
     return jnp.broadcast_to(a, (length, *a.shape[1:]))
@@ -108,7 +102,7 @@ def _loop(a, b, h0, *, axis: int, reverse: bool, dense: bool, emit=True, adjoint
         return h, h
 
     # inside shard_map the carry must vary across devices as the inputs do
-    h0 = _like_inputs(h0, b, axis)
+    h0 = like_inputs(h0, b, axis)
     if axis == 0:
         shared = a.shape[0] == 1
 
@@ -212,7 +206,7 @@ def _chunked(a, b, h0, *, reverse: bool, dense: bool, chunk_size: int):
     if dense:
         # the chunk's transition matrix: the ordered product of its C matrices
         eye = jnp.broadcast_to(_identity_like(a, dense), (ac.shape[0], *ac.shape[2:]))
-        eye = _like_inputs(eye, ac, axis=1)
+        eye = like_inputs(eye, ac, axis=1)
 
         def step(i, p):
             s = chunk_size - 1 - i if reverse else i
@@ -324,6 +318,48 @@ batching.primitive_batchers[_linrec_p] = _batch
 
 
 # --------------------------------------------------------------------------------------
+# Across devices: inside `shard_map`, each device holds a block of consecutive steps. It
+# solves its block from a zero state and summarises it as the affine map
+# `start -> A start + end` it applies to its incoming state (`A`: the block's composed
+# coefficient). One `all_gather` exchanges the P summaries, a P-step recurrence over them
+# (run on every device; it is tiny) gives the state entering each block, and each
+# device reruns its block from its true start. Differentiation goes through the same
+# code: the transpose of the `all_gather` is a reduce-scatter.
+# --------------------------------------------------------------------------------------
+
+
+def _block_coefficient(a, length: int, dense: bool, reverse: bool):
+    """The coefficient of a whole block of `length` steps, in processing order."""
+    if a.shape[0] == 1:  # shared by every step
+        a0 = a[0]
+        return jnp.linalg.matrix_power(a0, length) if dense else a0**length
+    if not dense:
+        return jnp.prod(a, axis=0)
+    eye = like_inputs(_identity_like(a, dense), a)
+
+    def step(carry, a_t):
+        return _compose(a_t, carry, dense), None
+
+    return lax.scan(step, eye, a, reverse=reverse)[0]
+
+
+def _across_devices(solve, a, b, h0, *, axis_name, reverse: bool, dense: bool):
+    """`solve(a, b, h0)` (the local recurrence) over a time axis split across
+    `axis_name`; called inside `shard_map` with this device's block."""
+    length = b.shape[0]
+    local = solve(a, b, jnp.zeros_like(h0))
+    end = local[0] if reverse else local[-1]
+    coefficients = lax.all_gather(
+        _block_coefficient(a, length, dense, reverse), axis_name
+    )
+    ends = lax.all_gather(end, axis_name)
+    # the state after each device's block, then the one entering each block
+    after = _sequential(coefficients, ends, h0, reverse=reverse, dense=dense)
+    starts = shift_in(after, h0, reverse)
+    return solve(a, b, starts[lax.axis_index(axis_name)])
+
+
+# --------------------------------------------------------------------------------------
 # Public entry point.
 # --------------------------------------------------------------------------------------
 
@@ -339,7 +375,7 @@ def _as_array(name, x):
     try:
         return jnp.asarray(x)
     except TypeError as e:
-        raise ValueError(f"linear_recurrence: `{name}` is not an array: {e}") from None
+        raise ValueError(f"pscan.linear_recurrence: `{name}` is not an array: {e}") from None
 
 
 def _broadcasts_to(shape, target) -> bool:
@@ -353,13 +389,13 @@ def _check_dtype(name, x, dtype):
     weak = getattr(x, "weak_type", False)
     if not jnp.issubdtype(x.dtype, jnp.inexact) and not weak:
         raise ValueError(
-            f"linear_recurrence: `{name}` must be floating or complex, got dtype {x.dtype}"
+            f"pscan.linear_recurrence: `{name}` must be floating or complex, got dtype {x.dtype}"
         )
     if x.dtype != dtype:
         if weak and jnp.can_cast(x.dtype, dtype, casting="same_kind"):
             return x.astype(dtype)
         raise ValueError(
-            f"linear_recurrence: `{name}` has dtype {x.dtype} but `b` has dtype {dtype}; "
+            f"pscan.linear_recurrence: `{name}` has dtype {x.dtype} but `b` has dtype {dtype}; "
             "cast them to one dtype"
         )
     return x
@@ -417,22 +453,22 @@ def linear_recurrence(
     """
     if method not in _METHODS:
         raise ValueError(
-            f"linear_recurrence: `method` must be one of {_METHODS}, got {method!r}"
+            f"pscan.linear_recurrence: `method` must be one of {_METHODS}, got {method!r}"
         )
     if chunk_size is not None:
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)):
             raise ValueError(
-                f"linear_recurrence: `chunk_size` must be a positive int, got {chunk_size!r}"
+                f"pscan.linear_recurrence: `chunk_size` must be a positive int, got {chunk_size!r}"
             )
         if chunk_size < 1:
             raise ValueError(
-                f"linear_recurrence: `chunk_size` must be >= 1, got {chunk_size}"
+                f"pscan.linear_recurrence: `chunk_size` must be >= 1, got {chunk_size}"
             )
         if method == "auto":
             method = "chunked"
         elif method != "chunked":
             raise ValueError(
-                f"linear_recurrence: `chunk_size` only applies to method='chunked', "
+                f"pscan.linear_recurrence: `chunk_size` only applies to method='chunked', "
                 f"got method={method!r} with chunk_size={chunk_size}"
             )
         chunk_size = int(chunk_size)
@@ -440,11 +476,11 @@ def linear_recurrence(
     a = _as_array("a", a)
     if b.ndim == 0:
         raise ValueError(
-            "linear_recurrence: `b` must have a leading time axis, got a scalar"
+            "pscan.linear_recurrence: `b` must have a leading time axis, got a scalar"
         )
     if not jnp.issubdtype(b.dtype, jnp.inexact):
         raise ValueError(
-            f"linear_recurrence: `b` must be floating or complex, got dtype {b.dtype}"
+            f"pscan.linear_recurrence: `b` must be floating or complex, got dtype {b.dtype}"
         )
     a = _check_dtype("a", a, b.dtype)
     length, state = b.shape[0], b.shape[1:]
@@ -452,19 +488,19 @@ def linear_recurrence(
     if dense:
         if b.ndim < 2:
             raise ValueError(
-                f"linear_recurrence: dense `a` (ndim {a.ndim}) needs `b` with a state "
+                f"pscan.linear_recurrence: dense `a` (ndim {a.ndim}) needs `b` with a state "
                 f"axis, got `b` with shape {b.shape}"
             )
         d = state[-1]
         if a.shape[-2:] != (d, d):
             raise ValueError(
-                f"linear_recurrence: dense `a` must end in ({d}, {d}) to act on the "
+                f"pscan.linear_recurrence: dense `a` must end in ({d}, {d}) to act on the "
                 f"last axis of `b` (shape {b.shape}), got `a` with shape {a.shape}"
             )
         lead = a.shape[:-2]
         if lead[0] not in (1, length) or not _broadcasts_to(lead, b.shape[:-1]):
             raise ValueError(
-                f"linear_recurrence: dense `a` with shape {a.shape} does not fit `b` with "
+                f"pscan.linear_recurrence: dense `a` with shape {a.shape} does not fit `b` with "
                 f"shape {b.shape}: expected (T, *S[:-1], d, d) = "
                 f"{(length, *state[:-1], d, d)}, leading axes broadcastable"
             )
@@ -476,7 +512,7 @@ def linear_recurrence(
             if a.ndim > b.ndim + 1:
                 hint = f" (dense `a` has exactly b.ndim + 1 = {b.ndim + 1} axes)"
             raise ValueError(
-                f"linear_recurrence: `a` with shape {a.shape} is not broadcastable to "
+                f"pscan.linear_recurrence: `a` with shape {a.shape} is not broadcastable to "
                 f"`b` with shape {b.shape}{hint}"
             )
         a = a.reshape((1,) * (b.ndim - a.ndim) + a.shape)
@@ -488,7 +524,7 @@ def linear_recurrence(
         h0 = _check_dtype("h0", _as_array("h0", h0), b.dtype)
         if h0.shape != state:
             raise ValueError(
-                f"linear_recurrence: `h0` must have shape {state} (that of `b` "
+                f"pscan.linear_recurrence: `h0` must have shape {state} (that of `b` "
                 f"{b.shape} without its time axis), got {h0.shape}"
             )
     if length == 0:
@@ -507,8 +543,6 @@ def linear_recurrence(
 
     if axis_name is None:
         return solve(a, b, h0)
-    from ._sharding import across_devices
-
-    return across_devices(
+    return _across_devices(
         solve, a, b, h0, axis_name=axis_name, reverse=bool(reverse), dense=dense
     )

@@ -1,7 +1,5 @@
 """`pscan.recurrence`: any cell `h[t] = cell(x[t], h[t-1])`, with a choice of solver."""
 
-import dataclasses
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -10,43 +8,11 @@ from jaxtyping import Array, PyTree
 
 from ._cell import cell_parts
 from ._solution import RESULTS, Solution
-from ._solvers import AbstractSolver, Sequential
-from ._solvers.base import Problem
+from ._solvers import AbstractSolver, Problem, Sequential
 
 
 def _shape_tree(tree):
     return jax.tree_util.tree_map(lambda x: (jnp.shape(x), jnp.result_type(x)), tree)
-
-
-def _describe(solver) -> str:
-    """`Newton(chunk_size=1, ...)` on one line, whatever the Equinox version's repr."""
-    fields = ", ".join(
-        f"{f.name}={getattr(solver, f.name)!r}" for f in dataclasses.fields(solver)
-    )
-    return f"{type(solver).__name__}({fields})"
-
-
-def _error_if_not_converged(hs, result, stats, solver):
-    """Raises at run time when the solver stopped at `max_iters`, naming the solver,
-    the iteration count and the order of magnitude of the last scaled change (error
-    messages are static, so the residual is reported by decade)."""
-    decades = 12
-    msgs = []
-    for k in range(decades + 1):
-        size = f"1e{k} to 1e{k + 1}" if k < decades else f"more than 1e{decades}"
-        msgs.append(
-            f"pscan.recurrence: {_describe(solver)} did not converge in "
-            f"{getattr(solver, 'max_iters', '?')} iterations: its last iteration still "
-            f"moved a chunk-start state by {size} times the tolerance "
-            "`atol + rtol * |s|`. Raise `max_iters`, loosen `rtol`/`atol`, add "
-            "`damping`, use `fallback='sequential'`, or pass `throw=False` and read "
-            "`sol.stats['max_residual']` (<= 1 means converged)."
-        )
-    change = jnp.nan_to_num(stats["max_residual"], nan=jnp.inf, posinf=1e30)
-    index = jnp.clip(jnp.floor(jnp.log10(jnp.maximum(change, 1))), 0, decades)
-    return eqx.branched_error_if(
-        hs, result == RESULTS.max_iters_reached, index.astype(jnp.int32), msgs
-    )
 
 
 def recurrence(
@@ -96,19 +62,19 @@ def recurrence(
     """
     if not isinstance(solver, AbstractSolver):
         raise ValueError(
-            f"recurrence: `solver` must be a pscan solver (Sequential, Picard, Newton), "
+            f"pscan.recurrence: `solver` must be a pscan solver (Sequential, Picard, Newton), "
             f"got {solver!r}"
         )
     leaves = jax.tree_util.tree_leaves(xs)
     if not leaves or any(jnp.ndim(x) == 0 for x in leaves):
         raise ValueError(
-            f"recurrence: `xs` must be arrays with a leading time axis, got "
+            f"pscan.recurrence: `xs` must be arrays with a leading time axis, got "
             f"{_shape_tree(xs)}"
         )
     lengths = {jnp.shape(x)[0] for x in leaves}
     if len(lengths) != 1 or 0 in lengths:
         raise ValueError(
-            f"recurrence: the leaves of `xs` must share one nonzero leading (time) "
+            f"pscan.recurrence: the leaves of `xs` must share one nonzero leading (time) "
             f"axis, got shapes {[jnp.shape(x) for x in leaves]}"
         )
     xs = jax.tree_util.tree_map(jnp.asarray, xs)
@@ -116,7 +82,7 @@ def recurrence(
     h_leaves = jax.tree_util.tree_leaves(h0)
     if not h_leaves or not all(jnp.issubdtype(x.dtype, jnp.inexact) for x in h_leaves):
         raise ValueError(
-            f"recurrence: `h0` must be a pytree of floating or complex arrays, got "
+            f"pscan.recurrence: `h0` must be a pytree of floating or complex arrays, got "
             f"{_shape_tree(h0)}"
         )
     x0 = jax.tree_util.tree_map(lambda x: x[0], xs)
@@ -124,7 +90,7 @@ def recurrence(
         out = eqx.filter_eval_shape(lambda c, x, h: c(x, h), cell, x0, h0)
     except Exception as e:  # a cell that cannot take these shapes
         raise ValueError(
-            f"recurrence: `cell(x_t, h)` failed for x_t {_shape_tree(x0)} and h "
+            f"pscan.recurrence: `cell(x_t, h)` failed for x_t {_shape_tree(x0)} and h "
             f"{_shape_tree(h0)}: {e}"
         ) from e
     if jax.tree_util.tree_structure(out) != jax.tree_util.tree_structure(h0) or any(
@@ -132,7 +98,7 @@ def recurrence(
         for o, h in zip(jax.tree_util.tree_leaves(out), h_leaves)
     ):
         raise ValueError(
-            f"recurrence: `cell(x_t, h)` must return a state like `h0` "
+            f"pscan.recurrence: `cell(x_t, h)` must return a state like `h0` "
             f"{_shape_tree(h0)}, got {_shape_tree(out)}"
         )
 
@@ -145,17 +111,10 @@ def recurrence(
     hs_flat, result, stats = solver.solve(Problem(step, cell, xs, h0_flat, project))
     hs = jax.vmap(unravel)(hs_flat)
     if throw:
-        hs = raise_on_failure(hs, result, stats, solver)
+        hs = raise_on_failure(hs, result)
     return Solution(hs=hs, result=result, stats=stats)
 
 
-def raise_on_failure(hs, result, stats, solver):
-    """`hs`, raising at run time if `result` says the solve failed."""
-    hs = _error_if_not_converged(hs, result, stats, solver)
-    return eqx.error_if(
-        hs,
-        result == RESULTS.nonfinite,
-        f"pscan.recurrence: {_describe(solver)} met non-finite states: the recurrence "
-        "diverges from this initial state, or its inputs or parameters are "
-        "non-finite.",
-    )
+def raise_on_failure(hs: PyTree[Array], result: RESULTS) -> PyTree[Array]:
+    """`hs`, raising at run time with `result`'s message unless it is successful."""
+    return result.error_if(hs, result != RESULTS.successful)

@@ -1,80 +1,27 @@
-"""Sequence parallelism: one linear recurrence whose time axis is split over the devices
-of a mesh axis.
-
-Each device solves its block of steps from a zero state, and summarises the block as the
-affine map `start -> A start + end` it applies to its incoming state (`A` is the
-composed coefficient of the block). The `P` summaries are exchanged with one
-`all_gather`, the state entering every block follows from a `P`-step linear recurrence
-over them (run on every device; it is tiny), and each device reruns its block from its
-true start. Differentiation goes through the same code: the transpose of the
-`all_gather` is a reduce-scatter, so the backward pass makes the transposed exchange.
-"""
+"""Sequence parallelism, the public wrappers: pad the time axis to whole blocks, run
+`pscan.linear_recurrence` or `pscan.recurrence` under `jax.shard_map` with the solver's
+`axis_name`, and unpad. The algorithms themselves live with the single-device ones
+(`_linear.py`, `_solvers/`); what crosses devices is in `_axis.py`."""
 
 import dataclasses
 
 import equinox as eqx
 import jax
-import jax.lax as lax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec
 
-from ._chunking import shift_in
-from ._linear import _like_inputs, linear_recurrence
+from ._linear import linear_recurrence
 from ._recurrence import raise_on_failure, recurrence
 from ._solution import Solution
-from ._solvers.base import AbstractShootingSolver
-
-
-try:  # jax >= 0.6
-    from jax import shard_map as _shard_map
-
-    _UNCHECKED = {"check_vma": False}
-except ImportError:  # pragma: no cover - older jax
-    from jax.experimental.shard_map import shard_map as _shard_map
-
-    _UNCHECKED = {"check_rep": False}
-
-
-def _block_coefficient(a, length: int, dense: bool, reverse: bool):
-    """The coefficient of a whole block of `length` steps, in processing order."""
-    if a.shape[0] == 1:  # shared by every step
-        a0 = a[0]
-        return jnp.linalg.matrix_power(a0, length) if dense else a0**length
-    if not dense:
-        return jnp.prod(a, axis=0)
-    eye = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape[1:])
-    eye = _like_inputs(eye, a)
-
-    def step(carry, a_t):
-        return jnp.matmul(a_t, carry, precision=lax.Precision.HIGHEST), None
-
-    return lax.scan(step, eye, a, reverse=reverse)[0]
+from ._solvers import AbstractShootingSolver
 
 
 def _check_axis(owner: str, mesh: Mesh, axis_name: str):
     if axis_name not in mesh.shape:
         raise ValueError(
-            f"{owner}: `axis_name` {axis_name!r} is not an axis of the mesh (axes "
+            f"pscan.{owner}: `axis_name` {axis_name!r} is not an axis of the mesh (axes "
             f"{tuple(mesh.shape)})"
         )
-
-
-def across_devices(solve, a, b, h0, *, axis_name, reverse: bool, dense: bool):
-    """`solve(a, b, h0)` (the local recurrence) over a time axis split across
-    `axis_name`; called inside `shard_map` with this device's block."""
-    length = b.shape[0]
-    local = solve(a, b, jnp.zeros_like(h0))
-    end = local[0] if reverse else local[-1]
-    coefficient = _block_coefficient(a, length, dense, reverse)
-    coefficients = lax.all_gather(coefficient, axis_name)
-    ends = lax.all_gather(end, axis_name)
-    # the state after each device's block, then the one entering each block
-    after = linear_recurrence(
-        coefficients, ends, h0, reverse=reverse, method="sequential"
-    )
-    starts = shift_in(after, h0, reverse)
-    start = starts[lax.axis_index(axis_name)]
-    return solve(a, b, start)
 
 
 def sharded_linear_recurrence(
@@ -118,7 +65,7 @@ def sharded_linear_recurrence(
     a = jnp.asarray(a)
     if b.ndim == 0:
         raise ValueError(
-            "sharded_linear_recurrence: `b` must have a leading time axis, got a scalar"
+            "pscan.sharded_linear_recurrence: `b` must have a leading time axis, got a scalar"
         )
     length = b.shape[0]
     devices = mesh.shape[axis_name]
@@ -137,12 +84,12 @@ def sharded_linear_recurrence(
         a, b, h0, reverse=reverse, method=method, chunk_size=chunk_size,
         axis_name=axis_name,
     )
-    hs = _shard_map(
+    hs = jax.shard_map(
         fn,
         mesh=mesh,
         in_specs=(time if timed else PartitionSpec(), time, PartitionSpec()),
         out_specs=time,
-        **_UNCHECKED,
+        check_vma=False,
     )(a, b, h0)
     return hs[pad:] if reverse else hs[:length]
 
@@ -185,14 +132,14 @@ def sharded_recurrence(
     """
     if not isinstance(solver, AbstractShootingSolver):
         raise ValueError(
-            "sharded_recurrence: `solver` must be pscan.Picard or pscan.Newton (the "
+            "pscan.sharded_recurrence: `solver` must be pscan.Picard or pscan.Newton (the "
             f"solvers that are parallel in time), got {solver!r}"
         )
     _check_axis("sharded_recurrence", mesh, axis_name)
     solver = dataclasses.replace(solver, axis_name=axis_name)
     leaves = jax.tree_util.tree_leaves(xs)
     if not leaves or jnp.ndim(leaves[0]) == 0:
-        raise ValueError("sharded_recurrence: `xs` must have a leading time axis")
+        raise ValueError("pscan.sharded_recurrence: `xs` must have a leading time axis")
     length = jnp.shape(leaves[0])[0]
     block = mesh.shape[axis_name] * solver.chunk_size
     pad = -length % block
@@ -212,15 +159,15 @@ def sharded_recurrence(
     # traced even when called eagerly: an eager shard_map cannot run the solver's
     # custom VJP
     hs, result, stats = eqx.filter_jit(
-        _shard_map(
+        jax.shard_map(
             solve,
             mesh=mesh,
             in_specs=(PartitionSpec(), time, PartitionSpec()),
             out_specs=(time, PartitionSpec(), PartitionSpec()),
-            **_UNCHECKED,
+            check_vma=False,
         )
     )(cell, xs, h0)
     hs = jax.tree_util.tree_map(lambda x: x[:length], hs)
     if throw:
-        hs = raise_on_failure(hs, result, stats, solver)
+        hs = raise_on_failure(hs, result)
     return Solution(hs=hs, result=result, stats=stats)

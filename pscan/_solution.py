@@ -11,13 +11,15 @@ class RESULTS(eqx.Enumeration):
 
     successful = ""
     max_iters_reached = (
-        "The solver did not converge within `max_iters` iterations. Raise `max_iters` "
-        "(`T / chunk_size` iterations are always enough), loosen `rtol`/`atol`, try "
-        "`damping`, or pass `fallback='sequential'`."
+        "pscan: the solver did not converge within `max_iters` iterations: its last "
+        "iteration still moved a chunk-start state by more than `atol + rtol * |s|`. "
+        "Raise `max_iters` (`ceil(T / chunk_size)` iterations always suffice), loosen "
+        "`rtol`/`atol`, add `damping`, pass `fallback='sequential'`, or pass "
+        "`throw=False` and read `sol.stats['max_residual']` (<= 1 means converged)."
     )
     nonfinite = (
-        "The cell produced non-finite states (NaN or inf) from finite inputs: the "
-        "recurrence itself diverges, or its inputs or parameters are non-finite."
+        "pscan: the solver met non-finite states (NaN or inf): the recurrence diverges "
+        "from this initial state, or its inputs or parameters are non-finite."
     )
 
 

@@ -17,10 +17,6 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, PartitionSpec  # noqa: E402
 
 import pscan  # noqa: E402
-from pscan._sharding import _UNCHECKED, _shard_map  # noqa: E402
-
-
-CHECKED = "check_vma" in _UNCHECKED  # jax's variance-tracking shard_map
 
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -72,22 +68,22 @@ def main():
     # inside the user's own shard_map, with axis_name; and forward mode
     a, b, h0 = make_linear_problem(0, 64, (3,))
     time = PartitionSpec("time")
-    f = _shard_map(
+    f = jax.shard_map(
         lambda a, b, h0: pscan.linear_recurrence(a, b, h0, axis_name="time"),
         mesh=mesh, in_specs=(time, time, PartitionSpec()), out_specs=time,
-        **_UNCHECKED)
+        check_vma=False)
     close(jax.jit(f)(a, b, h0), pscan.linear_recurrence(a, b, h0), "user shard_map")
-    if CHECKED:  # shard_map's own variance checks on (jax >= 0.6)
-        f_checked = _shard_map(
-            lambda a, b, h0: pscan.linear_recurrence(a, b, h0, axis_name="time"),
-            mesh=mesh, in_specs=(time, time, PartitionSpec()), out_specs=time)
-        close(jax.jit(f_checked)(a, b, h0), pscan.linear_recurrence(a, b, h0),
-              "user shard_map, checked")
-        g = jax.grad(lambda a, b: jnp.sum(f_checked(a, b, h0) ** 2), argnums=(0, 1))(a, b)
-        g_ref = jax.grad(
-            lambda a, b: jnp.sum(pscan.linear_recurrence(a, b, h0) ** 2), argnums=(0, 1)
-        )(a, b)
-        close(g[0], g_ref[0], "checked shard_map gradient")
+    # shard_map's own variance checks on (its default)
+    f_checked = jax.shard_map(
+        lambda a, b, h0: pscan.linear_recurrence(a, b, h0, axis_name="time"),
+        mesh=mesh, in_specs=(time, time, PartitionSpec()), out_specs=time)
+    close(jax.jit(f_checked)(a, b, h0), pscan.linear_recurrence(a, b, h0),
+          "user shard_map, checked")
+    g = jax.grad(lambda a, b: jnp.sum(f_checked(a, b, h0) ** 2), argnums=(0, 1))(a, b)
+    g_ref = jax.grad(
+        lambda a, b: jnp.sum(pscan.linear_recurrence(a, b, h0) ** 2), argnums=(0, 1)
+    )(a, b)
+    close(g[0], g_ref[0], "checked shard_map gradient")
     tangents = tuple(random_cotangent(i, x) for i, x in enumerate((a, b, h0)))
     _, t = jax.jvp(f, (a, b, h0), tangents)
     _, t_ref = jax.jvp(pscan.linear_recurrence, (a, b, h0), tangents)
@@ -138,32 +134,32 @@ def nonlinear(mesh):
     h0 = jnp.zeros(3)
     solver = pscan.Newton(chunk_size=4, axis_name="time", **tol)
     time = PartitionSpec("time")
-    f = _shard_map(
+    f = jax.shard_map(
         lambda c, xs, h0: pscan.recurrence(c, xs, h0, solver=solver, throw=False).hs,
         mesh=mesh, in_specs=(PartitionSpec(), time, PartitionSpec()), out_specs=time,
-        **_UNCHECKED)
+        check_vma=False)
     close(eqx.filter_jit(f)(cell, xs, h0), pscan.recurrence(cell, xs, h0).hs, "user")
-    if CHECKED:
-        f_checked = _shard_map(
-            lambda c, xs, h0: pscan.recurrence(c, xs, h0, solver=solver, throw=False).hs,
-            mesh=mesh, in_specs=(PartitionSpec(), time, PartitionSpec()),
-            out_specs=time)
-        loss = lambda f: lambda c, xs, h0: jnp.sum(f(c, xs, h0) ** 2)
-        exact = lambda c, xs, h0: pscan.recurrence(c, xs, h0).hs
-        g = jax.grad(loss(f_checked), argnums=(1, 2))(cell, xs, h0)
-        g_ref = jax.grad(loss(exact), argnums=(1, 2))(cell, xs, h0)
-        close(g[0], g_ref[0], "checked: gradient wrt xs")
-        close(g[1], g_ref[1], "checked: gradient wrt h0")
-        gc = eqx.filter_grad(loss(f_checked))(cell, xs, h0)
-        gc_ref = eqx.filter_grad(loss(exact))(cell, xs, h0)
-        for x, y in zip(jax.tree_util.tree_leaves(gc), jax.tree_util.tree_leaves(gc_ref)):
-            close(x, y, "checked: gradient wrt the cell")
+    # shard_map's own variance checks on (its default)
+    f_checked = jax.shard_map(
+        lambda c, xs, h0: pscan.recurrence(c, xs, h0, solver=solver, throw=False).hs,
+        mesh=mesh, in_specs=(PartitionSpec(), time, PartitionSpec()),
+        out_specs=time)
+    loss = lambda f: lambda c, xs, h0: jnp.sum(f(c, xs, h0) ** 2)
+    exact = lambda c, xs, h0: pscan.recurrence(c, xs, h0).hs
+    g = jax.grad(loss(f_checked), argnums=(1, 2))(cell, xs, h0)
+    g_ref = jax.grad(loss(exact), argnums=(1, 2))(cell, xs, h0)
+    close(g[0], g_ref[0], "checked: gradient wrt xs")
+    close(g[1], g_ref[1], "checked: gradient wrt h0")
+    gc = eqx.filter_grad(loss(f_checked))(cell, xs, h0)
+    gc_ref = eqx.filter_grad(loss(exact))(cell, xs, h0)
+    for x, y in zip(jax.tree_util.tree_leaves(gc), jax.tree_util.tree_leaves(gc_ref)):
+        close(x, y, "checked: gradient wrt the cell")
     # each device's block must be whole chunks
     bad = pscan.Newton(chunk_size=3, axis_name="time")
-    g = _shard_map(
+    g = jax.shard_map(
         lambda c, xs, h0: pscan.recurrence(c, xs, h0, solver=bad, throw=False).hs,
         mesh=mesh, in_specs=(PartitionSpec(), time, PartitionSpec()), out_specs=time,
-        **_UNCHECKED)
+        check_vma=False)
     try:
         eqx.filter_jit(g)(cell, xs, h0)
     except ValueError as e:

@@ -203,11 +203,8 @@ def test_not_converged_raises():
     sol = pscan.recurrence(cell, xs, h0, solver=solver, throw=False)
     assert sol.result == pscan.RESULTS.max_iters_reached
     assert int(sol.stats["num_iterations"]) == 2
-    decade = int(np.floor(np.log10(float(sol.stats["max_residual"]))))
-    size = "more than 1e12" if decade >= 12 else f"1e{decade} to 1e{decade + 1}"
-    with pytest.raises(
-        Exception, match=rf"Newton.*did not converge in 2 iterations: .* by {size} times"
-    ):
+    assert float(sol.stats["max_residual"]) > 1
+    with pytest.raises(Exception, match="did not converge within `max_iters`"):
         jax.block_until_ready(pscan.recurrence(cell, xs, h0, solver=solver).hs)
 
 
@@ -297,3 +294,25 @@ def test_pytree_inputs_and_states(solver):
     g = eqx.filter_grad(lambda xs: _loss(Cell(inner), xs, h0, SOLVERS[solver]))(xs)
     g_ref = eqx.filter_grad(lambda xs: _scan_loss(Cell(inner), xs, h0))(xs)
     assert_allclose(g["scale"], g_ref["scale"])
+
+
+def test_user_written_solver():
+    """A solver written against the public `pscan.Problem` (the docs' example)."""
+
+    class MySequential(pscan.AbstractSolver):
+        def solve(self, problem):
+            hs, _ = problem.scan(problem.h0, problem.xs)
+            stats = {
+                "num_iterations": jnp.array(0),
+                "max_residual": jnp.array(0.0),
+                "fell_back": jnp.array(False),
+            }
+            return hs, pscan.RESULTS.successful, stats
+
+    cell, h0 = make_cell("gru")
+    xs = make_xs(LENGTH)
+    sol = solve(cell, xs, h0, solver=MySequential())
+    assert_allclose(sol.hs, scan_cell(cell, xs, h0))
+    g = eqx.filter_grad(lambda c: _loss(c, xs, h0, MySequential()))(cell)
+    g_ref = eqx.filter_grad(lambda c: _scan_loss(c, xs, h0))(cell)
+    assert_allclose(g.weight_hh, g_ref.weight_hh)

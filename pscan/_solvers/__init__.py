@@ -1,4 +1,5 @@
-from .base import AbstractSolver as AbstractSolver
-from .newton import Newton as Newton
-from .picard import Picard as Picard
-from .sequential import Sequential as Sequential
+from ._base import AbstractSolver as AbstractSolver, Problem as Problem
+from ._newton import Newton as Newton
+from ._picard import Picard as Picard
+from ._shooting import AbstractShootingSolver as AbstractShootingSolver
+from ._sequential import Sequential as Sequential

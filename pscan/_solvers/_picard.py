@@ -3,7 +3,8 @@ from typing import ClassVar
 import equinox as eqx
 import jax
 
-from .base import AbstractShootingSolver, shift_forward
+from .._axis import shift_forward
+from ._shooting import AbstractShootingSolver
 
 
 class Picard(AbstractShootingSolver):

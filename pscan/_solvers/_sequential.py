@@ -5,7 +5,7 @@ import jax.numpy as jnp
 
 from .._chunking import from_chunks
 from .._solution import RESULTS
-from .base import AbstractSolver, _check_positive_int, chunk_xs
+from ._base import AbstractSolver, check_positive_int, chunk_xs
 
 
 class Sequential(AbstractSolver):
@@ -27,8 +27,8 @@ class Sequential(AbstractSolver):
     checkpoint: int | None = eqx.field(static=True, default=None)
 
     def __check_init__(self):
-        _check_positive_int("Sequential", "unroll", self.unroll)
-        _check_positive_int("Sequential", "checkpoint", self.checkpoint, allow_none=True)
+        check_positive_int("Sequential", "unroll", self.unroll)
+        check_positive_int("Sequential", "checkpoint", self.checkpoint, allow_none=True)
 
     def solve(self, problem):
         if self.checkpoint is None:

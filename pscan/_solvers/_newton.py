@@ -5,8 +5,9 @@ import jax
 import jax.lax as lax
 import jax.numpy as jnp
 
+from .._axis import shift_forward
 from .._linear import linear_recurrence
-from .base import AbstractShootingSolver, shift_forward
+from ._shooting import AbstractShootingSolver
 
 
 def _diagonal_jacobian(f, s):
@@ -67,11 +68,11 @@ class Newton(AbstractShootingSolver):
     def __check_init__(self):
         if self.jacobian not in ("dense", "diagonal"):
             raise ValueError(
-                f"Newton: `jacobian` must be 'dense' or 'diagonal', got {self.jacobian!r}"
+                f"pscan.Newton: `jacobian` must be 'dense' or 'diagonal', got {self.jacobian!r}"
             )
         d = self.damping
         if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d < 1:
-            raise ValueError(f"Newton: `damping` must be in [0, 1), got {d!r}")
+            raise ValueError(f"pscan.Newton: `damping` must be in [0, 1), got {d!r}")
 
     def _update(self, chunk_end, starts, xs, h0):
         ends = jax.vmap(chunk_end)(starts, xs)

@@ -1,0 +1,129 @@
+"""What every solver sees: the flattened `Problem`, and the `AbstractSolver` interface."""
+
+import abc
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.lax as lax
+import numpy as np
+from jaxtyping import Array, PyTree
+
+from .._chunking import to_chunks
+from .._solution import RESULTS
+
+
+class Problem(eqx.Module):
+    """One recurrence, as a solver sees it: `h[t] = step(params, z[t], h[t-1])` on flat
+    state vectors, `h[-1] = h0`, with `z[t] = project(params, x[t])` (`z = x` when
+    `project` is None).
+
+    `pscan.recurrence` builds it from a cell: pytree states are raveled to vectors of
+    size `d`, and for a `pscan.nn.AbstractCell` the state-independent `project` is split
+    off so that every run over a block of steps applies it to the whole block at once
+    (one matrix product, not one per step). Solvers run blocks of steps with `scan`.
+
+    **Attributes:**
+
+    - `step`: `step(params, z, h) -> h_next`, on flat states `(d,)` (static).
+    - `params`: the cell, a pytree whose inexact arrays are differentiable parameters.
+    - `xs`: the inputs, a pytree of arrays with a leading time axis of length `T`.
+    - `h0`: the flat initial state, shape `(d,)`.
+    - `project`: `project(params, x) -> z`, or None (static).
+    """
+
+    step: Callable = eqx.field(static=True)
+    params: PyTree
+    xs: PyTree[Array]
+    h0: Array
+    project: Callable | None = eqx.field(static=True, default=None)
+
+    @property
+    def length(self) -> int:
+        """The number of steps `T`."""
+        return jax.tree_util.tree_leaves(self.xs)[0].shape[0]
+
+    def scan(
+        self,
+        h0: Array,
+        xs: PyTree[Array],
+        emit: bool = True,
+        params: PyTree | None = None,
+        unroll: int = 1,
+    ) -> tuple[Array | None, Array]:
+        """The exact recurrence over a block of steps, by `lax.scan`.
+
+        **Arguments:**
+
+        - `h0`: the state before the block, `(d,)`.
+        - `xs`: the block's inputs, leading axis its length.
+        - `emit`: whether to return every state of the block.
+        - `params`: parameters to use instead of `self.params` (to differentiate).
+        - `unroll`: passed to `lax.scan`.
+
+        **Returns:**
+
+        `(hs, h_final)`: the states `(C, d)` (None unless `emit`) and the last one.
+        """
+        params = self.params if params is None else params
+        if self.project is not None:
+            xs = jax.vmap(lambda x: self.project(params, x))(xs)
+
+        def body(h, z):
+            h = self.step(params, z, h)
+            return h, (h if emit else None)
+
+        h_final, hs = lax.scan(body, h0, xs, unroll=unroll)
+        return hs, h_final
+
+
+def chunk_xs(problem: Problem, chunk_size: int) -> PyTree[Array]:
+    """`xs` as `(K, C, ...)`; the tail is padded with the last input (padded steps come
+    after every real one, so they never affect a real state)."""
+    last = jax.tree_util.tree_map(lambda x: x[-1], problem.xs)
+    return to_chunks(problem.xs, chunk_size, fill=last)
+
+
+class AbstractSolver(eqx.Module):
+    """Base class of the solvers `pscan.recurrence` takes: `Sequential`, `Picard`,
+    `Newton`, or your own. Hyperparameters are static fields, validated in
+    `__check_init__`; a solver implements `solve`."""
+
+    @abc.abstractmethod
+    def solve(self, problem: Problem) -> tuple[Array, RESULTS, dict[str, Any]]:
+        """Solves one recurrence.
+
+        **Arguments:**
+
+        - `problem`: a `pscan.Problem`: the step function, its parameters, the inputs
+            and the flat initial state.
+
+        **Returns:**
+
+        `(hs, result, stats)`: the flat states `(T, d)`, a `pscan.RESULTS` code and the
+        statistics that `pscan.Solution.stats` documents. Gradients of `hs` must be
+        exact: either `solve` is differentiable as written, or it defines its own rule.
+        """
+
+
+def check_positive_int(owner: str, name: str, value, allow_none: bool = False):
+    """Raises a `ValueError` naming `owner.name` unless `value` is an int >= 1."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(
+            f"pscan.{owner}: `{name}` must be a positive int, got {value!r}"
+        )
+
+
+def check_tolerance(owner: str, name: str, value):
+    """Raises a `ValueError` naming `owner.name` unless `value` is a number >= 0."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float, np.integer, np.floating))
+        or not value >= 0
+    ):
+        raise ValueError(
+            f"pscan.{owner}: `{name}` must be a non-negative number, got {value!r}"
+        )

@@ -86,20 +86,28 @@ def main():
     for name, bank in candidates:
         fwd = jax.jit(bank)
         grad = jax.jit(jax.value_and_grad(make_loss(bank, target)))
-        rows.append((name, best_time(fwd, logit_decay, x), best_time(grad, logit_decay, x)))
+        rows.append(
+            (name, best_time(fwd, logit_decay, x), best_time(grad, logit_decay, x))
+        )
     hs, hs_ref = ema_bank_pscan(logit_decay, x), ema_bank_scan(logit_decay, x)
     g = jax.grad(make_loss(ema_bank_pscan, target))(logit_decay, x)
     g_ref = jax.grad(make_loss(ema_bank_scan, target))(logit_decay, x)
 
-    print(f"T = {args.length}, {args.channels} channels, backend {jax.default_backend()}")
+    print(
+        f"T = {args.length}, {args.channels} channels, backend {jax.default_backend()}"
+    )
     print(f"{'':14s} {'forward (ms)':>14s} {'gradient (ms)':>14s}")
     for name, t_fwd, t_grad in rows:
         print(f"{name:14s} {t_fwd * 1e3:14.1f} {t_grad * 1e3:14.1f}")
-    print(f"auto gradient speed-up over lax.scan: {rows[-1][2] / rows[0][2]:.2f}x "
-          "(on CPU `auto` is sequential; the chunked method is for accelerators)")
+    print(
+        f"auto gradient speed-up over lax.scan: {rows[-1][2] / rows[0][2]:.2f}x "
+        "(on CPU `auto` is sequential; the chunked method is for accelerators)"
+    )
     print(f"max |hs - hs_scan| = {float(jnp.max(jnp.abs(hs - hs_ref))):.2e}")
-    print(f"max relative grad difference = "
-          f"{float(jnp.max(jnp.abs(g - g_ref)) / jnp.max(jnp.abs(g_ref))):.2e}")
+    print(
+        f"max relative grad difference = "
+        f"{float(jnp.max(jnp.abs(g - g_ref)) / jnp.max(jnp.abs(g_ref))):.2e}"
+    )
 
     # fit the decays by gradient descent: every step differentiates all T states
     loss_and_grad = jax.jit(jax.value_and_grad(make_loss(ema_bank_pscan, target)))

@@ -42,7 +42,11 @@ def varies(x: Array, axis_name: str) -> bool:
 def cotangent_like(ct: Array, primal: Array, axis_name: str | None) -> Array:
     """The cotangent of an input that is replicated across `axis_name`: summed over the
     devices here when `shard_map` tracks variance (its transpose sums it otherwise)."""
-    if axis_name is not None and varies(ct, axis_name) and not varies(primal, axis_name):
+    if (
+        axis_name is not None
+        and varies(ct, axis_name)
+        and not varies(primal, axis_name)
+    ):
         return lax.psum(ct, axis_name)
     return ct
 

@@ -27,7 +27,6 @@ from jaxtyping import Array, ArrayLike, Inexact
 from ._axis import like_inputs
 from ._chunking import default_chunk_size, from_chunks, shift_in, to_chunks
 
-
 Method = Literal["auto", "sequential", "associative", "chunked"]
 _METHODS = ("auto", "sequential", "associative", "chunked")
 
@@ -230,9 +229,7 @@ def _solve(a, b, h0, *, reverse, method, chunk_size, dense):
     elif method == "associative":
         return _associative(a, b, h0, reverse=reverse, dense=dense)
     elif method == "chunked":
-        return _chunked(
-            a, b, h0, reverse=reverse, dense=dense, chunk_size=chunk_size
-        )
+        return _chunked(a, b, h0, reverse=reverse, dense=dense, chunk_size=chunk_size)
     raise AssertionError(method)
 
 
@@ -375,7 +372,9 @@ def _as_array(name, x):
     try:
         return jnp.asarray(x)
     except TypeError as e:
-        raise ValueError(f"pscan.linear_recurrence: `{name}` is not an array: {e}") from None
+        raise ValueError(
+            f"pscan.linear_recurrence: `{name}` is not an array: {e}"
+        ) from None
 
 
 def _broadcasts_to(shape, target) -> bool:
@@ -456,7 +455,9 @@ def linear_recurrence(
             f"pscan.linear_recurrence: `method` must be one of {_METHODS}, got {method!r}"
         )
     if chunk_size is not None:
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)):
+        if isinstance(chunk_size, bool) or not isinstance(
+            chunk_size, (int, np.integer)
+        ):
             raise ValueError(
                 f"pscan.linear_recurrence: `chunk_size` must be a positive int, got {chunk_size!r}"
             )
@@ -535,9 +536,15 @@ def linear_recurrence(
         chunk_size = default_chunk_size(length)
     if method != "chunked":
         chunk_size = None
+
     def solve(a, b, h0):
         return _linrec_p.bind(
-            a, b, h0, reverse=bool(reverse), method=method, chunk_size=chunk_size,
+            a,
+            b,
+            h0,
+            reverse=bool(reverse),
+            method=method,
+            chunk_size=chunk_size,
             dense=dense,
         )
 

@@ -81,7 +81,12 @@ def sharded_linear_recurrence(
         a = jnp.pad(a, widths(a))
     time = PartitionSpec(axis_name)
     fn = lambda a, b, h0: linear_recurrence(
-        a, b, h0, reverse=reverse, method=method, chunk_size=chunk_size,
+        a,
+        b,
+        h0,
+        reverse=reverse,
+        method=method,
+        chunk_size=chunk_size,
         axis_name=axis_name,
     )
     hs = jax.shard_map(

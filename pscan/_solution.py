@@ -40,4 +40,3 @@ class Solution(eqx.Module):
     hs: PyTree[Array]
     result: RESULTS
     stats: dict[str, Any]
-

@@ -8,7 +8,6 @@ import jax.lax as lax
 import jax.numpy as jnp
 import numpy as np
 
-
 KINDS = ("diagonal", "scalar", "dense")
 
 
@@ -97,7 +96,9 @@ def random_cotangent(seed, like):
 
 def assert_allclose(actual, desired, dtype=None):
     dtype = jnp.result_type(actual) if dtype is None else dtype
-    np.testing.assert_allclose(np.asarray(actual), np.asarray(desired), **tolerance(dtype))
+    np.testing.assert_allclose(
+        np.asarray(actual), np.asarray(desired), **tolerance(dtype)
+    )
 
 
 def tree_allclose(x, y, **kwargs):
@@ -123,7 +124,10 @@ def loop_body_copies(hlo_text: str, min_elements: int) -> list[str]:
         elif line.startswith("}"):
             current = None
         elif current in bodies and (m := copy.search(line)):
-            if int(np.prod([int(n) for n in m.group(1).split(",") if n])) >= min_elements:
+            if (
+                int(np.prod([int(n) for n in m.group(1).split(",") if n]))
+                >= min_elements
+            ):
                 found.append(line.strip())
     return found
 
@@ -138,7 +142,9 @@ class ElmanCell(eqx.Module):
     def __init__(self, n_in, n_hidden, *, key, scale=1.0, dtype=jnp.float64):
         k1, k2, k3 = jax.random.split(key, 3)
         self.w = jax.random.normal(k1, (n_hidden, n_in), dtype) / n_in**0.5
-        self.u = scale * jax.random.normal(k2, (n_hidden, n_hidden), dtype) / n_hidden**0.5
+        self.u = (
+            scale * jax.random.normal(k2, (n_hidden, n_hidden), dtype) / n_hidden**0.5
+        )
         self.bias = 0.1 * jax.random.normal(k3, (n_hidden,), dtype)
 
     def __call__(self, x, h):

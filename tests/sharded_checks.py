@@ -9,7 +9,6 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 
 import jax  # noqa: E402
 
-
 jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
@@ -18,21 +17,21 @@ from jax.sharding import Mesh, PartitionSpec  # noqa: E402
 
 import pscan  # noqa: E402
 
-
 sys.path.insert(0, os.path.dirname(__file__))
 from helpers import make_linear_problem, random_cotangent  # noqa: E402
 
 
 def close(x, y, what):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-9, atol=1e-9,
-                               err_msg=what)
+    np.testing.assert_allclose(
+        np.asarray(x), np.asarray(y), rtol=1e-9, atol=1e-9, err_msg=what
+    )
 
 
 def main():
     assert len(jax.devices()) == 4, jax.devices()
     mesh = Mesh(np.array(jax.devices()), ("time",))
     cases = itertools.product(
-        [1, 7, 37, 130],                      # T not a multiple of 4 x chunk size
+        [1, 7, 37, 130],  # T not a multiple of 4 x chunk size
         ["diagonal", "scalar", "shared", "dense"],
         [False, True],
         ["sequential", "chunked"],
@@ -48,8 +47,11 @@ def main():
         a, b, h0 = make_linear_problem(length, length, (2, 3), problem_kind)
         if kind == "shared":
             a = a[0]
-        opts = dict(reverse=reverse, method=method,
-                    chunk_size=4 if method == "chunked" else None)
+        opts = dict(
+            reverse=reverse,
+            method=method,
+            chunk_size=4 if method == "chunked" else None,
+        )
         cot = random_cotangent(1, b)
 
         def loss(f):
@@ -57,7 +59,8 @@ def main():
 
         single = lambda a, b, h0: pscan.linear_recurrence(a, b, h0, **opts)
         sharded = lambda a, b, h0: pscan.sharded_linear_recurrence(
-            a, b, h0, mesh=mesh, axis_name="time", **opts)
+            a, b, h0, mesh=mesh, axis_name="time", **opts
+        )
         what = f"T={length} {kind} reverse={reverse} {method}"
         close(jax.jit(sharded)(a, b, h0), single(a, b, h0), what)
         g = jax.jit(jax.grad(loss(sharded), argnums=(0, 1, 2)))(a, b, h0)
@@ -70,15 +73,24 @@ def main():
     time = PartitionSpec("time")
     f = jax.shard_map(
         lambda a, b, h0: pscan.linear_recurrence(a, b, h0, axis_name="time"),
-        mesh=mesh, in_specs=(time, time, PartitionSpec()), out_specs=time,
-        check_vma=False)
+        mesh=mesh,
+        in_specs=(time, time, PartitionSpec()),
+        out_specs=time,
+        check_vma=False,
+    )
     close(jax.jit(f)(a, b, h0), pscan.linear_recurrence(a, b, h0), "user shard_map")
     # shard_map's own variance checks on (its default)
     f_checked = jax.shard_map(
         lambda a, b, h0: pscan.linear_recurrence(a, b, h0, axis_name="time"),
-        mesh=mesh, in_specs=(time, time, PartitionSpec()), out_specs=time)
-    close(jax.jit(f_checked)(a, b, h0), pscan.linear_recurrence(a, b, h0),
-          "user shard_map, checked")
+        mesh=mesh,
+        in_specs=(time, time, PartitionSpec()),
+        out_specs=time,
+    )
+    close(
+        jax.jit(f_checked)(a, b, h0),
+        pscan.linear_recurrence(a, b, h0),
+        "user shard_map, checked",
+    )
     g = jax.grad(lambda a, b: jnp.sum(f_checked(a, b, h0) ** 2), argnums=(0, 1))(a, b)
     g_ref = jax.grad(
         lambda a, b: jnp.sum(pscan.linear_recurrence(a, b, h0) ** 2), argnums=(0, 1)
@@ -111,14 +123,19 @@ def nonlinear(mesh):
         w = jax.random.normal(jax.random.PRNGKey(3), (length, 3), jnp.float64)
         exact = lambda c, xs, h0: pscan.recurrence(c, xs, h0).hs
         for solver in solvers if length == 37 else solvers[1:2]:
-            sharded = lambda c, xs, h0, s=solver: pscan.sharded_recurrence(
-                c, xs, h0, solver=s, mesh=mesh, axis_name="time").hs
+            sharded = lambda c, xs, h0, s=solver: (
+                pscan.sharded_recurrence(
+                    c, xs, h0, solver=s, mesh=mesh, axis_name="time"
+                ).hs
+            )
             what = f"T={length} {solver}"
             close(eqx.filter_jit(sharded)(cell, xs, h0), exact(cell, xs, h0), what)
             loss = lambda f: lambda c, xs, h0: jnp.sum(w * f(c, xs, h0))
             g = eqx.filter_jit(eqx.filter_grad(loss(sharded)))(cell, xs, h0)
             g_ref = eqx.filter_grad(loss(exact))(cell, xs, h0)
-            for x, y in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(g_ref)):
+            for x, y in zip(
+                jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(g_ref)
+            ):
                 close(x, y, f"{what}: gradient wrt the cell")
             g = jax.grad(loss(sharded), argnums=(1, 2))(cell, xs, h0)
             g_ref = jax.grad(loss(exact), argnums=(1, 2))(cell, xs, h0)
@@ -126,8 +143,9 @@ def nonlinear(mesh):
             close(g[1], g_ref[1], f"{what}: gradient wrt h0")
             count += 1
     # called eagerly (outside any jit)
-    eager = pscan.sharded_recurrence(cell, xs, h0, solver=solvers[0], mesh=mesh,
-                                     axis_name="time")
+    eager = pscan.sharded_recurrence(
+        cell, xs, h0, solver=solvers[0], mesh=mesh, axis_name="time"
+    )
     close(eager.hs, exact(cell, xs, h0), "eager")
     # the user's own shard_map, 8 steps per device
     xs = jax.random.normal(jax.random.PRNGKey(9), (32, 2), jnp.float64)
@@ -136,14 +154,19 @@ def nonlinear(mesh):
     time = PartitionSpec("time")
     f = jax.shard_map(
         lambda c, xs, h0: pscan.recurrence(c, xs, h0, solver=solver, throw=False).hs,
-        mesh=mesh, in_specs=(PartitionSpec(), time, PartitionSpec()), out_specs=time,
-        check_vma=False)
+        mesh=mesh,
+        in_specs=(PartitionSpec(), time, PartitionSpec()),
+        out_specs=time,
+        check_vma=False,
+    )
     close(eqx.filter_jit(f)(cell, xs, h0), pscan.recurrence(cell, xs, h0).hs, "user")
     # shard_map's own variance checks on (its default)
     f_checked = jax.shard_map(
         lambda c, xs, h0: pscan.recurrence(c, xs, h0, solver=solver, throw=False).hs,
-        mesh=mesh, in_specs=(PartitionSpec(), time, PartitionSpec()),
-        out_specs=time)
+        mesh=mesh,
+        in_specs=(PartitionSpec(), time, PartitionSpec()),
+        out_specs=time,
+    )
     loss = lambda f: lambda c, xs, h0: jnp.sum(f(c, xs, h0) ** 2)
     exact = lambda c, xs, h0: pscan.recurrence(c, xs, h0).hs
     g = jax.grad(loss(f_checked), argnums=(1, 2))(cell, xs, h0)
@@ -158,8 +181,11 @@ def nonlinear(mesh):
     bad = pscan.Newton(chunk_size=3, axis_name="time")
     g = jax.shard_map(
         lambda c, xs, h0: pscan.recurrence(c, xs, h0, solver=bad, throw=False).hs,
-        mesh=mesh, in_specs=(PartitionSpec(), time, PartitionSpec()), out_specs=time,
-        check_vma=False)
+        mesh=mesh,
+        in_specs=(PartitionSpec(), time, PartitionSpec()),
+        out_specs=time,
+        check_vma=False,
+    )
     try:
         eqx.filter_jit(g)(cell, xs, h0)
     except ValueError as e:

@@ -11,7 +11,6 @@ import pytest
 import pscan
 import pscan.nn
 
-
 DOCS = pathlib.Path(__file__).parent.parent / "docs"
 
 
@@ -42,7 +41,8 @@ def test_public_name_is_documented(path, obj):
         assert "**Arguments:**" in doc and "**Returns:**" in doc, path
     elif isinstance(obj, type):
         takes = [
-            p for p in inspect.signature(obj).parameters.values()
+            p
+            for p in inspect.signature(obj).parameters.values()
             if p.kind is not p.VAR_KEYWORD and p.kind is not p.VAR_POSITIONAL
         ]
         if takes:

@@ -1,11 +1,11 @@
-"""The example and benchmark scripts run end to end at tiny sizes."""
+"""The example and benchmark scripts run end to end at tiny sizes (the linear table's
+peak-RSS child processes included)."""
 
 import pathlib
 import subprocess
 import sys
 
 import pytest
-
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -21,38 +21,103 @@ ROOT = pathlib.Path(__file__).parent.parent
         ),
         (
             "examples/train_long_series.py",
-            ["--length", "3000", "--steps", "3", "--eval-every", "2", "--hidden", "8",
-             "--out-dir", "TMP/"],
+            [
+                "--length",
+                "3000",
+                "--steps",
+                "3",
+                "--eval-every",
+                "2",
+                "--hidden",
+                "8",
+                "--out-dir",
+                "TMP/",
+            ],
             "validation loss",
         ),
         (
             "examples/train_long_series.py",
-            ["--length", "500", "--steps", "2", "--model", "gru", "--solver", "newton",
-             "--hidden", "4", "--depth", "1", "--horizon", "5", "--out-dir", "TMP/"],
+            [
+                "--length",
+                "500",
+                "--steps",
+                "2",
+                "--model",
+                "gru",
+                "--solver",
+                "newton",
+                "--hidden",
+                "4",
+                "--depth",
+                "1",
+                "--horizon",
+                "5",
+                "--out-dir",
+                "TMP/",
+            ],
             "validation loss",
         ),
         (
             "asv_bench/gpu_check.py",
-            ["--length", "256", "--batch", "2", "--hidden", "3", "--gru-length", "64",
-             "--chunk", "8", "--repeats", "1"],
+            [
+                "--length",
+                "256",
+                "--batch",
+                "2",
+                "--hidden",
+                "3",
+                "--gru-length",
+                "64",
+                "--chunk",
+                "8",
+                "--repeats",
+                "1",
+            ],
             "of copy bandwidth",
         ),
         (
-            "benchmarks/linear.py",
-            ["--length", "100", "--repeats", "1", "--methods", "chunked", "--no-memory"],
+            "asv_bench/tables.py",
+            ["linear", "--length", "100", "--repeats", "1", "--methods", "chunked"],
             "| chunked | grad |",
         ),
         (
-            "benchmarks/nonlinear.py",
-            ["solvers", "--length", "64", "--hidden", "4", "--chunk", "8", "--repeats", "1",
-             "--skip", "DEER,diagonal,Picard"],
+            "asv_bench/tables.py",
+            [
+                "solvers",
+                "--length",
+                "64",
+                "--hidden",
+                "4",
+                "--chunk",
+                "8",
+                "--repeats",
+                "1",
+                "--skip",
+                "DEER,diagonal,Picard,checkpoint",
+            ],
             "| Newton(chunk_size=8) | ",
         ),
         (
-            "benchmarks/nonlinear.py",
-            ["checkpoint", "--length", "64", "--batch", "2", "--hidden", "4", "--every", "8",
-             "--repeats", "1"],
+            "asv_bench/tables.py",
+            [
+                "seed",
+                "--length",
+                "64",
+                "--batch",
+                "2",
+                "--hidden",
+                "4",
+                "--every",
+                "8",
+                "--repeats",
+                "1",
+            ],
             "Sequential(checkpoint=8)",
+        ),
+        (
+            "asv_bench/tables.py",
+            ["sharding", "--length", "64", "--repeats", "1", "--devices", "1,2"],
+            "| 2 | ",
         ),
     ],
 )
@@ -60,7 +125,11 @@ def test_script_runs(script, args, expect, tmp_path):
     args = [str(tmp_path / a[4:]) if a.startswith("TMP/") else a for a in args]
     out = subprocess.run(
         [sys.executable, str(ROOT / script), *args],
-        capture_output=True, text=True, cwd=ROOT, timeout=600, check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+        check=False,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert expect in out.stdout

@@ -23,7 +23,6 @@ from .helpers import (
     scan_linear,
 )
 
-
 METHODS = ("sequential", "associative", "chunked")
 LENGTHS = (1, 2, 7, 97, 1000)
 
@@ -93,14 +92,22 @@ def test_chunked_hypothesis(length, chunk_size, state, kind, reverse, seed):
 def test_broadcast_coefficients(method):
     """`a` as a scalar, per channel, per step, and with a length-1 time axis."""
     _, b, h0 = make_linear_problem(1, 50, (2, 3))
-    for a in (0.9, np.float64(0.5), np.full((3,), 0.8), np.full((50, 1, 1), 0.7),
-              np.linspace(0.1, 0.9, 3), np.full((1, 2, 3), 0.6)):
+    for a in (
+        0.9,
+        np.float64(0.5),
+        np.full((3,), 0.8),
+        np.full((50, 1, 1), 0.7),
+        np.linspace(0.1, 0.9, 3),
+        np.full((1, 2, 3), 0.6),
+    ):
         hs = pscan.linear_recurrence(a, b, h0, **_kwargs(method))
         assert_allclose(hs, reference_linear(np.asarray(a), b, h0))
     # dense, one matrix shared by all steps and by the batch axis
     a = make_linear_problem(2, 1, (3,), "dense")[0]
     hs = pscan.linear_recurrence(a[:, None], b, h0, **_kwargs(method))
-    assert_allclose(hs, reference_linear(np.broadcast_to(a[:, None], (50, 2, 3, 3)), b, h0))
+    assert_allclose(
+        hs, reference_linear(np.broadcast_to(a[:, None], (50, 2, 3, 3)), b, h0)
+    )
 
 
 def test_auto_method():
@@ -140,16 +147,23 @@ def test_vmap(method):
     a, b, h0 = make_linear_problem(5, 23, (3,), "dense")
     a2, b2, h02 = (np.stack([x, 0.5 * x]) for x in (a, b, h0))
     f = jax.jit(lambda a, b, h0: pscan.linear_recurrence(a, b, h0, **_kwargs(method)))
-    for in_axes in [(0, 0, 0), (None, 0, None), (0, None, None), (None, None, 0),
-                    (2, 1, 0)]:
+    for in_axes in [
+        (0, 0, 0),
+        (None, 0, None),
+        (0, None, None),
+        (None, None, 0),
+        (2, 1, 0),
+    ]:
         args = [
             x if ax is None else np.moveaxis(x2, 0, ax)
             for x, x2, ax in zip((a, b, h0), (a2, b2, h02), in_axes)
         ]
         out = jax.vmap(f, in_axes=in_axes, out_axes=1)(*args)
         for i in range(2):
-            picked = [x if ax is None else x2[i] for x, x2, ax in zip(
-                (a, b, h0), (a2, b2, h02), in_axes)]
+            picked = [
+                x if ax is None else x2[i]
+                for x, x2, ax in zip((a, b, h0), (a2, b2, h02), in_axes)
+            ]
             assert_allclose(out[:, i], reference_linear(*picked))
 
 
@@ -170,7 +184,9 @@ def test_inside_scan_and_vmap(method):
         assert_allclose(out[i], expect)
         h = expect[-1]
     assert_allclose(last, h)
-    nested = jax.vmap(jax.vmap(lambda b: pscan.linear_recurrence(a, b, h0, **_kwargs(method))))
+    nested = jax.vmap(
+        jax.vmap(lambda b: pscan.linear_recurrence(a, b, h0, **_kwargs(method)))
+    )
     out = nested(np.stack([bs, -bs]))
     assert_allclose(out[1, 2], reference_linear(a, -bs[2], h0))
 
@@ -191,7 +207,10 @@ def test_x64_disabled():
     )
     env = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"}
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env,
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
         check=False,
     )
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
@@ -257,8 +276,12 @@ def test_grad_broadcast_coefficients(method):
     """Gradients of shared coefficients are summed over the axes they are shared by."""
     _, b, h0 = make_linear_problem(11, 20, (2, 3))
     for a in (jnp.asarray(0.9), jnp.full((3,), 0.8), jnp.full((20, 1, 1), 0.7)):
-        g = jax.grad(lambda a: jnp.sum(pscan.linear_recurrence(a, b, h0, **_kwargs(method)) ** 2))(a)
-        g_ref = jax.grad(lambda a: jnp.sum(scan_linear(jnp.broadcast_to(a, b.shape), b, h0) ** 2))(a)
+        g = jax.grad(
+            lambda a: jnp.sum(pscan.linear_recurrence(a, b, h0, **_kwargs(method)) ** 2)
+        )(a)
+        g_ref = jax.grad(
+            lambda a: jnp.sum(scan_linear(jnp.broadcast_to(a, b.shape), b, h0) ** 2)
+        )(a)
         assert g.shape == a.shape
         assert_allclose(g, g_ref)
 
@@ -267,7 +290,9 @@ def test_grad_broadcast_coefficients(method):
 def test_vmap_of_grad(method):
     a, b, h0 = make_linear_problem(12, 17, (3,))
     bs = np.stack([b, 2 * b, -b])
-    loss = lambda a, b: jnp.sum(jnp.sin(pscan.linear_recurrence(a, b, h0, **_kwargs(method))))
+    loss = lambda a, b: jnp.sum(
+        jnp.sin(pscan.linear_recurrence(a, b, h0, **_kwargs(method)))
+    )
     loss_ref = lambda a, b: jnp.sum(jnp.sin(scan_linear(a, b, h0)))
     g = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1)), in_axes=(None, 0)))(a, bs)
     g_ref = jax.vmap(jax.grad(loss_ref, argnums=(0, 1)), in_axes=(None, 0))(a, bs)
@@ -281,9 +306,17 @@ def test_grad_memory_saves_only_inputs_and_states():
     a, b, _ = make_linear_problem(13, length, (d,), dtype=np.float32)
 
     def temp_bytes(f):
-        return jax.jit(jax.grad(f, argnums=(0, 1))).lower(a, b).compile().memory_analysis().temp_size_in_bytes
+        return (
+            jax.jit(jax.grad(f, argnums=(0, 1)))
+            .lower(a, b)
+            .compile()
+            .memory_analysis()
+            .temp_size_in_bytes
+        )
 
-    ours = temp_bytes(lambda a, b: jnp.sum(pscan.linear_recurrence(a, b, method="sequential")))
+    ours = temp_bytes(
+        lambda a, b: jnp.sum(pscan.linear_recurrence(a, b, method="sequential"))
+    )
     plain = temp_bytes(lambda a, b: jnp.sum(scan_linear(a, b, jnp.zeros(d, a.dtype))))
     assert ours <= plain
 
@@ -318,22 +351,78 @@ def test_no_buffer_copy_inside_loops(method, shared):
 @pytest.mark.parametrize(
     "args, kwargs, match",
     [
-        ((np.ones((5, 3)), np.ones((5, 4))), {}, r"`a` with shape \(5, 3\) is not broadcastable to `b` with shape \(5, 4\)"),
-        ((np.ones(5), np.ones((5, 3))), {}, r"one scalar per step, give `a` shape \(T, 1"),
+        (
+            (np.ones((5, 3)), np.ones((5, 4))),
+            {},
+            r"`a` with shape \(5, 3\) is not broadcastable to `b` with shape \(5, 4\)",
+        ),
+        (
+            (np.ones(5), np.ones((5, 3))),
+            {},
+            r"one scalar per step, give `a` shape \(T, 1",
+        ),
         ((np.ones((4, 3)), np.ones((5, 3))), {}, r"`a` with shape \(4, 3\)"),
-        ((np.ones((5, 3)), np.ones((5, 3)), np.ones(4)), {}, r"`h0` must have shape \(3,\).*got \(4,\)"),
-        ((np.ones((5, 3, 2)), np.ones((5, 3))), {}, r"dense `a` must end in \(3, 3\).*\(5, 3, 2\)"),
-        ((np.ones((4, 3, 3)), np.ones((5, 3))), {}, r"dense `a` with shape \(4, 3, 3\) does not fit"),
+        (
+            (np.ones((5, 3)), np.ones((5, 3)), np.ones(4)),
+            {},
+            r"`h0` must have shape \(3,\).*got \(4,\)",
+        ),
+        (
+            (np.ones((5, 3, 2)), np.ones((5, 3))),
+            {},
+            r"dense `a` must end in \(3, 3\).*\(5, 3, 2\)",
+        ),
+        (
+            (np.ones((4, 3, 3)), np.ones((5, 3))),
+            {},
+            r"dense `a` with shape \(4, 3, 3\) does not fit",
+        ),
         ((np.ones((5, 1)), np.ones((5,))), {}, r"needs `b` with a state axis"),
-        ((np.ones((5, 3, 3, 3)), np.ones((5, 3))), {}, r"dense `a` has exactly b.ndim \+ 1 = 3 axes"),
-        ((np.ones((5, 3)), np.ones((5, 3))), {"method": "parallel"}, r"`method` must be one of"),
-        ((np.ones((5, 3)), np.ones((5, 3))), {"method": "chunked", "chunk_size": 0}, r"`chunk_size` must be >= 1, got 0"),
-        ((np.ones((5, 3)), np.ones((5, 3))), {"chunk_size": 2.5}, r"`chunk_size` must be a positive int"),
-        ((np.ones((5, 3)), np.ones((5, 3))), {"method": "sequential", "chunk_size": 4}, r"only applies to method='chunked'"),
-        ((np.ones((5, 3), np.float32), np.ones((5, 3), np.float64)), {}, r"`a` has dtype float32 but `b` has dtype float64"),
-        ((np.ones((5, 3)), np.ones((5, 3)), np.ones(3, np.complex128)), {}, r"`h0` has dtype complex128"),
-        ((np.ones((5, 3)), np.ones((5, 3), np.int32)), {}, r"`b` must be floating or complex, got dtype int32"),
-        ((np.ones((5, 3), np.int32), np.ones((5, 3))), {}, r"`a` must be floating or complex"),
+        (
+            (np.ones((5, 3, 3, 3)), np.ones((5, 3))),
+            {},
+            r"dense `a` has exactly b.ndim \+ 1 = 3 axes",
+        ),
+        (
+            (np.ones((5, 3)), np.ones((5, 3))),
+            {"method": "parallel"},
+            r"`method` must be one of",
+        ),
+        (
+            (np.ones((5, 3)), np.ones((5, 3))),
+            {"method": "chunked", "chunk_size": 0},
+            r"`chunk_size` must be >= 1, got 0",
+        ),
+        (
+            (np.ones((5, 3)), np.ones((5, 3))),
+            {"chunk_size": 2.5},
+            r"`chunk_size` must be a positive int",
+        ),
+        (
+            (np.ones((5, 3)), np.ones((5, 3))),
+            {"method": "sequential", "chunk_size": 4},
+            r"only applies to method='chunked'",
+        ),
+        (
+            (np.ones((5, 3), np.float32), np.ones((5, 3), np.float64)),
+            {},
+            r"`a` has dtype float32 but `b` has dtype float64",
+        ),
+        (
+            (np.ones((5, 3)), np.ones((5, 3)), np.ones(3, np.complex128)),
+            {},
+            r"`h0` has dtype complex128",
+        ),
+        (
+            (np.ones((5, 3)), np.ones((5, 3), np.int32)),
+            {},
+            r"`b` must be floating or complex, got dtype int32",
+        ),
+        (
+            (np.ones((5, 3), np.int32), np.ones((5, 3))),
+            {},
+            r"`a` must be floating or complex",
+        ),
         ((np.ones(()), np.ones(())), {}, r"`b` must have a leading time axis"),
     ],
 )

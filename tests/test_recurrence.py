@@ -11,7 +11,6 @@ import pscan
 
 from .helpers import ElmanCell, assert_allclose, scan_cell, to_dtype
 
-
 TIGHT = dict(rtol=1e-13, atol=1e-13)
 solve = eqx.filter_jit(pscan.recurrence)
 SOLVERS = {
@@ -30,7 +29,9 @@ LENGTH = 37  # a prime: no chunk size divides it
 def make_cell(name, dtype=jnp.float64, n_in=2, n_hidden=4):
     key = jax.random.PRNGKey(0)
     if name == "elman":
-        return ElmanCell(n_in, n_hidden, key=key, dtype=dtype), jnp.zeros(n_hidden, dtype)
+        return ElmanCell(n_in, n_hidden, key=key, dtype=dtype), jnp.zeros(
+            n_hidden, dtype
+        )
     if name == "gru":
         cell = to_dtype(eqx.nn.GRUCell(n_in, n_hidden, key=key), dtype)
         return cell, jnp.full(n_hidden, 0.1, dtype)
@@ -91,14 +92,18 @@ def test_vmap_over_batch(solver):
 
 def _loss(cell, xs, h0, solver):
     hs = pscan.recurrence(cell, xs, h0, solver=solver).hs
-    return sum(jnp.sum(jnp.sin(h) * (1 + jnp.arange(h.shape[0])[:, None] / 10))
-               for h in jax.tree_util.tree_leaves(hs))
+    return sum(
+        jnp.sum(jnp.sin(h) * (1 + jnp.arange(h.shape[0])[:, None] / 10))
+        for h in jax.tree_util.tree_leaves(hs)
+    )
 
 
 def _scan_loss(cell, xs, h0):
     hs = scan_cell(cell, xs, h0)
-    return sum(jnp.sum(jnp.sin(h) * (1 + jnp.arange(h.shape[0])[:, None] / 10))
-               for h in jax.tree_util.tree_leaves(hs))
+    return sum(
+        jnp.sum(jnp.sin(h) * (1 + jnp.arange(h.shape[0])[:, None] / 10))
+        for h in jax.tree_util.tree_leaves(hs)
+    )
 
 
 @pytest.mark.parametrize("cell_name", ["elman", "lstm"])
@@ -121,9 +126,11 @@ def test_check_grads(solver):
     """Reverse mode against finite differences (implicit gradients have no JVP)."""
     cell, h0 = make_cell("elman", n_hidden=2)
     xs = make_xs(7)
-    f = lambda xs, h0, w: pscan.recurrence(
-        eqx.tree_at(lambda c: c.u, cell, w), xs, h0, solver=SOLVERS[solver]
-    ).hs
+    f = lambda xs, h0, w: (
+        pscan.recurrence(
+            eqx.tree_at(lambda c: c.u, cell, w), xs, h0, solver=SOLVERS[solver]
+        ).hs
+    )
     check_grads(f, (xs, h0, cell.u), order=1, modes=["rev"])
 
 
@@ -131,7 +138,9 @@ def test_vmap_of_grad():
     cell, h0 = make_cell("elman")
     xs = jnp.stack([make_xs(LENGTH, seed=s) for s in range(2)])
     per_example = lambda xs, c: _loss(c, xs, h0, SOLVERS["shooting"])
-    g = jax.vmap(eqx.filter_grad(lambda c, xs: per_example(xs, c)), in_axes=(None, 0))(cell, xs)
+    g = jax.vmap(eqx.filter_grad(lambda c, xs: per_example(xs, c)), in_axes=(None, 0))(
+        cell, xs
+    )
     for i in range(2):
         g_ref = eqx.filter_grad(lambda c: _scan_loss(c, xs[i], h0))(cell)
         assert_allclose(g.u[i], g_ref.u)
@@ -143,11 +152,15 @@ def test_checkpointed_gradient_memory():
     xs = make_xs(4096, n_in=8, dtype=jnp.float32)
 
     def temp_bytes(solver):
-        f = eqx.filter_grad(lambda c: jnp.sum(pscan.recurrence(c, xs, h0, solver=solver).hs))
+        f = eqx.filter_grad(
+            lambda c: jnp.sum(pscan.recurrence(c, xs, h0, solver=solver).hs)
+        )
         compiled = jax.jit(lambda c: f(c)).lower(cell).compile()
         return compiled.memory_analysis().temp_size_in_bytes
 
-    assert temp_bytes(pscan.Sequential(checkpoint=64)) < 0.75 * temp_bytes(pscan.Sequential())
+    assert temp_bytes(pscan.Sequential(checkpoint=64)) < 0.75 * temp_bytes(
+        pscan.Sequential()
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -157,7 +170,9 @@ def test_checkpointed_gradient_memory():
 
 def _chaotic():
     cell, h0 = make_cell("gru", n_hidden=6)
-    return jax.tree_util.tree_map(lambda x: 100 * x if eqx.is_inexact_array(x) else x, cell), h0
+    return jax.tree_util.tree_map(
+        lambda x: 100 * x if eqx.is_inexact_array(x) else x, cell
+    ), h0
 
 
 @pytest.mark.parametrize(
@@ -212,8 +227,10 @@ def test_enough_iterations_are_exact():
     """ceil(T / chunk_size) sweeps reach the sequential answer even on a chaotic cell."""
     cell, h0 = _chaotic()
     xs = make_xs(40)
-    for solver in (pscan.Picard(chunk_size=4, max_iters=10, rtol=0.0, atol=1e-12),
-                   pscan.Newton(chunk_size=4, max_iters=10, rtol=0.0, atol=1e-12)):
+    for solver in (
+        pscan.Picard(chunk_size=4, max_iters=10, rtol=0.0, atol=1e-12),
+        pscan.Newton(chunk_size=4, max_iters=10, rtol=0.0, atol=1e-12),
+    ):
         sol = pscan.recurrence(cell, xs, h0, solver=solver, throw=False)
         assert_allclose(sol.hs, scan_cell(cell, xs, h0))
 
@@ -224,12 +241,15 @@ def test_nonfinite_is_flagged():
             return h * 1e200 + x
 
     xs = jnp.ones((20, 2))
-    sol = pscan.recurrence(Explode(), xs, jnp.ones(2),
-                           solver=pscan.Newton(chunk_size=4), throw=False)
+    sol = pscan.recurrence(
+        Explode(), xs, jnp.ones(2), solver=pscan.Newton(chunk_size=4), throw=False
+    )
     assert sol.result == pscan.RESULTS.nonfinite
     with pytest.raises(Exception, match="non-finite"):
         jax.block_until_ready(
-            pscan.recurrence(Explode(), xs, jnp.ones(2), solver=pscan.Newton(chunk_size=4)).hs
+            pscan.recurrence(
+                Explode(), xs, jnp.ones(2), solver=pscan.Newton(chunk_size=4)
+            ).hs
         )
 
 
@@ -241,13 +261,25 @@ def test_nonfinite_is_flagged():
 @pytest.mark.parametrize(
     "make, match",
     [
-        (lambda: pscan.Picard(chunk_size=0), r"Picard: `chunk_size` must be a positive int, got 0"),
+        (
+            lambda: pscan.Picard(chunk_size=0),
+            r"Picard: `chunk_size` must be a positive int, got 0",
+        ),
         (lambda: pscan.Picard(max_iters=0), r"Picard: `max_iters`"),
-        (lambda: pscan.Picard(rtol=-1.0), r"Picard: `rtol` must be a non-negative number"),
-        (lambda: pscan.Picard(fallback="exact"), r"Picard: `fallback` must be None or 'sequential'"),
+        (
+            lambda: pscan.Picard(rtol=-1.0),
+            r"Picard: `rtol` must be a non-negative number",
+        ),
+        (
+            lambda: pscan.Picard(fallback="exact"),
+            r"Picard: `fallback` must be None or 'sequential'",
+        ),
         (lambda: pscan.Newton(chunk_size=2.5), r"Newton: `chunk_size`"),
         (lambda: pscan.Newton(atol=float("nan")), r"Newton: `atol`"),
-        (lambda: pscan.Newton(jacobian="full"), r"Newton: `jacobian` must be 'dense' or 'diagonal'"),
+        (
+            lambda: pscan.Newton(jacobian="full"),
+            r"Newton: `jacobian` must be 'dense' or 'diagonal'",
+        ),
         (lambda: pscan.Newton(damping=1.0), r"Newton: `damping` must be in \[0, 1\)"),
         (lambda: pscan.Sequential(checkpoint=0), r"Sequential: `checkpoint`"),
         (lambda: pscan.Sequential(unroll=0), r"Sequential: `unroll`"),
@@ -263,7 +295,9 @@ def test_bad_input():
     xs = make_xs(10)
     with pytest.raises(ValueError, match="`solver` must be a pscan solver"):
         pscan.recurrence(cell, xs, h0, solver="newton")
-    with pytest.raises(ValueError, match=r"share one nonzero leading.*\(10, 2\), \(9,\)"):
+    with pytest.raises(
+        ValueError, match=r"share one nonzero leading.*\(10, 2\), \(9,\)"
+    ):
         pscan.recurrence(lambda x, h: h, (xs, jnp.ones(9)), h0)
     with pytest.raises(ValueError, match="leading time axis"):
         pscan.recurrence(cell, jnp.ones(()), h0)

@@ -16,7 +16,10 @@ import pscan
 def test_sharded_equals_single_device():
     script = pathlib.Path(__file__).parent / "sharded_checks.py"
     out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=900,
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=900,
         check=False,
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
@@ -37,7 +40,11 @@ def test_sharded_recurrence_bad_input():
     cell = lambda x, h: h
     with pytest.raises(ValueError, match="Picard or pscan.Newton"):
         pscan.sharded_recurrence(
-            cell, np.ones((4, 1)), np.zeros(1), solver=pscan.Sequential(), mesh=mesh,
+            cell,
+            np.ones((4, 1)),
+            np.zeros(1),
+            solver=pscan.Sequential(),
+            mesh=mesh,
             axis_name="time",
         )
     with pytest.raises(ValueError, match="cannot be combined with `axis_name`"):

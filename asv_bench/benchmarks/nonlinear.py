@@ -1,26 +1,12 @@
 """`pscan.recurrence` on a GRU cell (1 -> 32): every solver's forward, gradient and
 iteration count; `Sequential` is a plain `lax.scan`."""
 
-import equinox as eqx
 import jax
-import jax.numpy as jnp
 
-import pscan
+from .measure import compile_timed, run, sizes
+from .scenarios import gru_problem, gru_solvers, solver_programs
 
-from ._common import compile_timed, run, sizes
-
-
-TOL = dict(rtol=1e-5, atol=1e-5)
-SOLVERS = {
-    "Sequential": pscan.Sequential(),
-    "Sequential(checkpoint=256)": pscan.Sequential(checkpoint=256),
-    "Picard(chunk_size=256)": pscan.Picard(chunk_size=256, **TOL),
-    "Newton(chunk_size=256)": pscan.Newton(chunk_size=256, **TOL),
-    "Newton(chunk_size=256, diagonal)": pscan.Newton(
-        chunk_size=256, jacobian="diagonal", **TOL
-    ),
-    "Newton() = DEER": pscan.Newton(**TOL),
-}
+SOLVERS = gru_solvers(chunk=256)
 
 
 class GRUSolvers:
@@ -31,20 +17,16 @@ class GRUSolvers:
     repeat = (3, 10, 60.0)
 
     def setup(self, solver, length):
-        hidden = 32
-        self.cell = eqx.nn.GRUCell(1, hidden, key=jax.random.PRNGKey(0))
-        self.xs = jax.random.normal(jax.random.PRNGKey(1), (length, 1))
-        h0 = jnp.zeros(hidden)
-        s = SOLVERS[solver]
-        solve = lambda c, xs: pscan.recurrence(c, xs, h0, solver=s, throw=False)
+        self.cell, self.xs, h0 = gru_problem(length)
+        programs = solver_programs(SOLVERS[solver], h0)
         self.forward, self.forward_compile = compile_timed(
-            lambda c, xs: solve(c, xs).hs, self.cell, self.xs
+            programs["fwd"], self.cell, self.xs
         )
-        grad = eqx.filter_grad(lambda c, xs: jnp.sum(solve(c, xs).hs))
         self.gradient, self.gradient_compile = compile_timed(
-            lambda c, xs: grad(c, xs), self.cell, self.xs
+            programs["grad"], self.cell, self.xs
         )
-        self.iterations = int(jax.jit(solve)(self.cell, self.xs).stats["num_iterations"])
+        sol = jax.jit(programs["solve"])(self.cell, self.xs)
+        self.iterations = int(sol.stats["num_iterations"])
 
     def time_forward(self, *_):
         run(self.forward, self.cell, self.xs)

@@ -34,7 +34,6 @@ class Sequential(AbstractSolver):
         if self.checkpoint is None:
             hs = problem.scan(problem.h0, problem.xs, unroll=self.unroll)[0]
         else:
-
             xs_chunks = chunk_xs(problem, self.checkpoint)
 
             @jax.checkpoint

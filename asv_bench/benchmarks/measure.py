@@ -1,0 +1,82 @@
+"""How every benchmark measures: compile outside the timing, time the compiled call
+with `block_until_ready`, interleave candidates so machine noise hits all alike, and
+take peak memory in a fresh process."""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import jax
+
+SMOKE = os.environ.get("PSCAN_ASV_SMOKE", "") not in ("", "0")
+
+
+def sizes(full, smoke):
+    """asv parameter values: `smoke` when `PSCAN_ASV_SMOKE` is set (CI)."""
+    return smoke if SMOKE else full
+
+
+def compile_timed(fn, *args):
+    """`(compiled, seconds)`: `jax.jit(fn)` lowered and compiled for `args`, then run
+    once so that timings see neither tracing nor first-call allocation."""
+    start = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    seconds = time.perf_counter() - start
+    jax.block_until_ready(compiled(*args))
+    return compiled, seconds
+
+
+def run(compiled, *args):
+    """One call, finished."""
+    jax.block_until_ready(compiled(*args))
+
+
+def temp_mib(compiled) -> float:
+    """XLA's temporary-buffer size of a compiled program, MiB."""
+    return compiled.memory_analysis().temp_size_in_bytes / 2**20
+
+
+def compile_all(programs, *args):
+    """`{name: (compiled, compile_seconds)}` for a dict of programs on the same args."""
+    return {name: compile_timed(fn, *args) for name, fn in programs.items()}
+
+
+def interleaved_medians(compiled, *args, repeats):
+    """Median run time of each compiled program, timed in interleaved rounds."""
+    times = {name: [] for name in compiled}
+    for _ in range(repeats):
+        for name, (exe, _) in compiled.items():
+            start = time.perf_counter()
+            run(exe, *args)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def _status_mib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(field)
+
+
+def report_peak_rss(fn, *args):
+    """In a child process: compiles and runs `fn` once, resets the kernel's high-water
+    mark (Linux `clear_refs`), runs it again and prints the peak RSS of that run as
+    JSON, inputs and outputs included, the compiler's own memory excluded."""
+    exe, _ = compile_timed(fn, *args)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    run(exe, *args)
+    print(json.dumps({"peak_rss_mib": _status_mib("VmHWM")}))
+
+
+def peak_rss_of(script, *argv):
+    """Runs `python script *argv` (which ends in `report_peak_rss`); returns MiB."""
+    out = subprocess.run(
+        [sys.executable, script, *argv], capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])["peak_rss_mib"]

@@ -1,0 +1,166 @@
+"""The benchmark scenarios, defined once: the asv suite (`linear.py`, `nonlinear.py`,
+`seed.py`), the command-line tables (`asv_bench/tables.py`) and the GPU check
+(`asv_bench/gpu_check.py`) all build their problems and programs here.
+
+Every program is a function of arrays (or pytrees of them) ready for `jax.jit`.
+"""
+
+import equinox as eqx
+import jax
+import jax.lax as lax
+import jax.numpy as jnp
+
+import pscan
+
+# --------------------------------------------------------------------------------------
+# Linear recurrence: h[t] = a[t] * h[t-1] + b[t], elementwise a.
+# --------------------------------------------------------------------------------------
+
+
+def linear_problem(length, channels, batch=None, dtype=jnp.float32):
+    """`(a, b)` of shape `(T, [batch,] channels)`, `a` in `[0.5, 0.999)`."""
+    shape = (length, channels) if batch is None else (length, batch, channels)
+    ka, kb = jax.random.split(jax.random.PRNGKey(0))
+    a = jax.random.uniform(ka, shape, dtype, 0.5, 0.999)
+    b = jax.random.normal(kb, shape, dtype)
+    return a, b
+
+
+def scan_linear(a, b):
+    """The obvious `lax.scan` a user would write: the baseline."""
+
+    def step(h, ab):
+        h = ab[0] * h + ab[1]
+        return h, h
+
+    return lax.scan(step, jnp.zeros_like(b[0]), (a, b))[1]
+
+
+def linear_forward(method):
+    """`hs(a, b)` for a method name: `"lax.scan"`, a `linear_recurrence` method, or
+    `"chunked:C"` for a chunk size."""
+    if method == "lax.scan":
+        return scan_linear
+    method, _, chunk = method.partition(":")
+    chunk_size = int(chunk) if chunk else None
+    return lambda a, b: pscan.linear_recurrence(
+        a, b, method=method, chunk_size=chunk_size
+    )
+
+
+def linear_programs(method):
+    """`{"fwd": hs(a, b), "grad": d sum(hs^2) / d(a, b)}`."""
+    fwd = linear_forward(method)
+    grad = jax.grad(lambda a, b: jnp.sum(fwd(a, b) ** 2), argnums=(0, 1))
+    return {"fwd": fwd, "grad": grad}
+
+
+LINEAR_METHODS = ["lax.scan", "auto", "sequential", "chunked", "associative"]
+
+
+# --------------------------------------------------------------------------------------
+# Nonlinear solvers on a GRU cell 1 -> hidden.
+# --------------------------------------------------------------------------------------
+
+
+def gru_problem(length, hidden=32):
+    """`(cell, xs, h0)`: a random `eqx.nn.GRUCell(1, hidden)` and `(T, 1)` inputs."""
+    cell = eqx.nn.GRUCell(1, hidden, key=jax.random.PRNGKey(0))
+    xs = jax.random.normal(jax.random.PRNGKey(1), (length, 1))
+    return cell, xs, jnp.zeros(hidden)
+
+
+def gru_solvers(chunk=256, tol=1e-5):
+    """Every solver, by the name the tables print."""
+    tol = dict(rtol=tol, atol=tol)
+    return {
+        "Sequential": pscan.Sequential(),
+        f"Sequential(checkpoint={chunk})": pscan.Sequential(checkpoint=chunk),
+        f"Picard(chunk_size={chunk})": pscan.Picard(chunk_size=chunk, **tol),
+        f"Newton(chunk_size={chunk})": pscan.Newton(chunk_size=chunk, **tol),
+        f"Newton(chunk_size={chunk}, diagonal)": pscan.Newton(
+            chunk_size=chunk, jacobian="diagonal", **tol
+        ),
+        "Newton() = DEER": pscan.Newton(**tol),
+        "Newton(diagonal) = quasi-DEER": pscan.Newton(jacobian="diagonal", **tol),
+    }
+
+
+def solver_programs(solver, h0):
+    """`{"fwd": hs(cell, xs), "grad": d sum(hs) / d cell, "solve": Solution}`."""
+    solve = lambda c, xs: pscan.recurrence(c, xs, h0, solver=solver, throw=False)
+    grad = eqx.filter_grad(lambda c, xs: jnp.sum(solve(c, xs).hs))
+    return {
+        "fwd": lambda c, xs: solve(c, xs).hs,
+        "grad": lambda c, xs: grad(c, xs),  # jit cannot hash filter_grad's wrapper
+        "solve": solve,
+    }
+
+
+# --------------------------------------------------------------------------------------
+# The seed scenario: Elman width -> width over a batch, gradient of sum(hs) wrt the cell.
+# --------------------------------------------------------------------------------------
+
+
+def elman_problem(length, batch=16, width=32):
+    """`(cell, xs)`: a `pscan.nn.ElmanCell(width, width)` with contractive recurrent
+    weights, and inputs `(batch, T, width)`."""
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
+    cell = pscan.nn.ElmanCell(width, width, key=k1, dtype=jnp.float32)
+    cell = eqx.tree_at(
+        lambda c: (c.weight_ih, c.weight_hh, c.bias),
+        cell,
+        (
+            jax.random.normal(k1, (width, width)) / width**0.5,
+            0.9 * jax.random.normal(k2, (width, width)) / width**0.5,
+            jnp.zeros(width),
+        ),
+    )
+    xs = jax.random.normal(k3, (batch, length, width))
+    return cell, xs
+
+
+class Unsplit(eqx.Module):
+    """A cell seen only as `cell(x, h)`: pscan cannot hoist its input projection."""
+
+    cell: eqx.Module
+
+    def __call__(self, x, h):
+        return self.cell(x, h)
+
+
+def scan_elman(cell, xs):
+    """`sum(hs)` by a hand-written `lax.scan` of the cell, vmapped: the baseline."""
+
+    def one(xs):
+        def step(h, x):
+            h = cell(x, h)
+            return h, h
+
+        return lax.scan(step, cell.init_state(), xs)[1]
+
+    return jnp.sum(jax.vmap(one)(xs))
+
+
+def seed_programs(every=None):
+    """Gradients of `sum(hs)` wrt the cell: the `lax.scan` baseline, the
+    `pscan.nn.Recurrence` layer with its default solver, and (with `every`)
+    `Sequential(checkpoint=every)` on the cell seen only as `cell(x, h)`."""
+
+    def layer(cell, xs):
+        return jnp.sum(jax.vmap(pscan.nn.Recurrence(cell))(xs))
+
+    programs = {
+        "lax.scan": jax.grad(scan_elman),
+        "pscan.nn.Recurrence": jax.grad(layer),
+    }
+    if every is not None:
+
+        def unsplit(cell, xs):
+            solver = pscan.Sequential(checkpoint=every)
+            h0 = cell.init_state()
+            one = lambda xs: pscan.recurrence(Unsplit(cell), xs, h0, solver=solver).hs
+            return jnp.sum(jax.vmap(one)(xs))
+
+        programs[f"Sequential(checkpoint={every}), unsplit cell"] = jax.grad(unsplit)
+    return programs

@@ -1,0 +1,275 @@
+"""The benchmark tables in one run: pscan against plain `lax.scan`, ratios measured in
+the same run (this is what docs/benchmarks.md quotes).
+
+    python asv_bench/tables.py linear     # linear recurrence, T = 524288, d = 32
+    python asv_bench/tables.py solvers    # GRU 1 -> 32, T = 65536, every solver
+    python asv_bench/tables.py seed       # Elman 32 -> 32, batch 16, T = 524288, gradient
+    python asv_bench/tables.py sharding   # sharded linear recurrence on 1, 2, 4 host devices
+
+Every candidate is compiled first (compile time reported), then the compiled programs are
+timed in interleaved rounds so that machine noise hits all candidates alike (median
+reported). Memory: XLA's temp-buffer figure of the compiled program, and (where
+printed) the peak RSS of a fresh process that runs one candidate once. The scenarios are
+those of the asv suite (`benchmarks/scenarios.py`).
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+from benchmarks.measure import (
+    compile_all,
+    interleaved_medians,
+    peak_rss_of,
+    report_peak_rss,
+    temp_mib,
+)
+from benchmarks.scenarios import (
+    elman_problem,
+    gru_problem,
+    gru_solvers,
+    linear_problem,
+    linear_programs,
+    seed_programs,
+    solver_programs,
+)
+
+
+def _table(header, rows):
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(str(x) for x in row) + " |", flush=True)
+
+
+def _child_args(args, *names):
+    out = [args.what]
+    for name in names:
+        out += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    return out
+
+
+def linear(args):
+    a, b = linear_problem(args.length, args.state, dtype=args.dtype)
+    names = ["lax.scan", *args.methods.split(",")]
+    if args.child:
+        name, program = args.child.split("/")
+        return report_peak_rss(linear_programs(name)[program], a, b)
+    programs = {(n, p): f for n in names for p, f in linear_programs(n).items()}
+    compiled = compile_all(programs, a, b)
+    med = interleaved_medians(compiled, a, b, repeats=args.repeats)
+    print(
+        f"# linear recurrence T={args.length} d={args.state} {args.dtype}, "
+        f"jax {jax.__version__}, backend {jax.default_backend()}, "
+        f"median of {args.repeats} interleaved runs"
+    )
+    header = ["method", "program", "time (ms)", "vs lax.scan", "compile (s)"]
+    header += ["XLA temp (MiB)"]
+    if not args.no_memory:
+        header += ["peak RSS (MiB)", "RSS vs lax.scan"]
+    rows, rss = [], {}
+    for (name, program), (exe, compile_s) in compiled.items():
+        t, base = med[name, program], med["lax.scan", program]
+        row = [name, program, f"{t * 1e3:.1f}", f"{t / base:.2f}x", f"{compile_s:.2f}"]
+        row.append(f"{temp_mib(exe):.0f}")
+        if not args.no_memory:
+            child = _child_args(args, "length", "state", "dtype", "methods")
+            rss[name, program] = peak_rss_of(
+                __file__, *child, "--child", f"{name}/{program}"
+            )
+            ratio = rss[name, program] / rss["lax.scan", program]
+            row += [f"{rss[name, program]:.0f}", f"{ratio:.2f}x"]
+        rows.append(row)
+    _table(header, rows)
+
+
+def solvers(args):
+    candidates = gru_solvers(chunk=args.chunk, tol=args.tol)
+    skip = [s for s in args.skip.split(",") if s]
+    candidates = {n: s for n, s in candidates.items() if not any(k in n for k in skip)}
+    cell, xs, h0 = gru_problem(args.length, args.hidden)
+    reference = jax.jit(solver_programs(candidates["Sequential"], h0)["fwd"])(cell, xs)
+    programs, iterations = {}, {}
+    for name, solver in candidates.items():
+        p = solver_programs(solver, h0)
+        sol = jax.jit(p["solve"])(cell, xs)
+        err = float(jnp.max(jnp.abs(sol.hs - reference)))
+        iterations[name] = (int(sol.stats["num_iterations"]), err)
+        programs[name, "fwd"], programs[name, "grad"] = p["fwd"], p["grad"]
+    compiled = compile_all(programs, cell, xs)
+    med = interleaved_medians(compiled, cell, xs, repeats=args.repeats)
+    d, t = args.hidden, args.length
+    print(
+        f"# GRU 1 -> {d}, T = {t}, float32, tol {args.tol}, jax {jax.__version__}, "
+        f"backend {jax.default_backend()}, median of {args.repeats} interleaved runs"
+    )
+    header = ["solver", "iterations", "max abs err vs Sequential", "fwd (ms)"]
+    header += ["fwd vs Sequential", "grad (ms)", "grad vs Sequential", "grad / fwd"]
+    header += ["XLA temp fwd (MiB)", "XLA temp grad (MiB)"]
+    base_f, base_g = med["Sequential", "fwd"], med["Sequential", "grad"]
+    rows = []
+    for name, (iters, err) in iterations.items():
+        f, g = med[name, "fwd"], med[name, "grad"]
+        rows.append(
+            [
+                name,
+                iters,
+                f"{err:.1e}",
+                f"{f * 1e3:.0f}",
+                f"{f / base_f:.2f}x",
+                f"{g * 1e3:.0f}",
+                f"{g / base_g:.2f}x",
+                f"{g / f:.2f}",
+                f"{temp_mib(compiled[name, 'fwd'][0]):.0f}",
+                f"{temp_mib(compiled[name, 'grad'][0]):.0f}",
+            ]
+        )
+    _table(header, rows)
+
+
+def seed(args):
+    cell, xs = elman_problem(args.length, args.batch, args.hidden)
+    programs = seed_programs(every=args.every)
+    if args.child:
+        return report_peak_rss(programs[args.child], cell, xs)
+    compiled = compile_all(programs, cell, xs)
+    med = interleaved_medians(compiled, cell, xs, repeats=args.repeats)
+    child = _child_args(args, "length", "batch", "hidden", "every")
+    rss = {name: peak_rss_of(__file__, *child, "--child", name) for name in programs}
+    print(
+        f"# Elman {args.hidden} -> {args.hidden}, batch {args.batch}, T = {args.length}, "
+        f"gradient of sum(hs), jax {jax.__version__}, median of {args.repeats}"
+    )
+    header = ["program", "grad (s)", "vs lax.scan", "peak RSS (MiB)", "vs lax.scan"]
+    header += ["XLA temp (MiB)"]
+    base_t, base_m = med["lax.scan"], rss["lax.scan"]
+    _table(
+        header,
+        [
+            [
+                name,
+                f"{med[name]:.2f}",
+                f"{med[name] / base_t:.2f}x",
+                f"{rss[name]:.0f}",
+                f"{rss[name] / base_m:.2f}x",
+                f"{temp_mib(compiled[name][0]):.0f}",
+            ]
+            for name in programs
+        ],
+    )
+
+
+def sharding(args):
+    """Each device count in its own process: the forced host device count is read
+    when JAX starts. On a CPU the "devices" share the machine's cores."""
+    if args.child:
+        return _sharding_child(args)
+    rows = []
+    for n in [int(x) for x in args.devices.split(",")]:
+        child = _child_args(args, "length", "channels", "repeats")
+        out = subprocess.run(
+            [sys.executable, __file__, *child, "--child", str(n)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={
+                **os.environ,
+                "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}",
+            },
+        )
+        line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")][-1]
+        _, _, fwd, grad, *plain = line.split()
+        if plain:
+            rows.append(("plain linear_recurrence", *map(float, plain)))
+        rows.append((n, float(fwd), float(grad)))
+    print(
+        f"# sharded_linear_recurrence, T = {args.length}, d = {args.channels}, "
+        f"float32, forced host devices, median of {args.repeats}"
+    )
+    _table(
+        ["devices", "fwd (ms)", "fwd vs plain", "grad (ms)", "grad vs plain"],
+        [
+            [
+                n,
+                f"{f * 1e3:.1f}",
+                f"{rows[0][1] / f:.2f}x",
+                f"{g * 1e3:.1f}",
+                f"{rows[0][2] / g:.2f}x",
+            ]
+            for n, f, g in rows
+        ],
+    )
+    print(
+        "(`vs plain`: the single-device `pscan.linear_recurrence` time over this one)"
+    )
+
+
+def _sharding_child(args):
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    import pscan
+
+    devices = int(args.child)
+    mesh = Mesh(np.array(jax.devices()[:devices]), ("time",))
+    a, b = linear_problem(args.length, args.channels)
+    # the inputs already live split over the devices, as they would in a real job
+    split = NamedSharding(mesh, PartitionSpec("time"))
+    a, b = jax.device_put(a, split), jax.device_put(b, split)
+    f = lambda a, b: pscan.sharded_linear_recurrence(a, b, mesh=mesh, axis_name="time")
+    programs = {
+        "fwd": f,
+        "grad": jax.grad(lambda a, b: jnp.sum(f(a, b) ** 2), argnums=(0, 1)),
+    }
+    if devices == 1:  # the single-device reference
+        programs.update({"plain " + k: v for k, v in linear_programs("auto").items()})
+    med = interleaved_medians(compile_all(programs, a, b), a, b, repeats=args.repeats)
+    plain = f"{med['plain fwd']} {med['plain grad']}" if devices == 1 else ""
+    print(f"RESULT {devices} {med['fwd']} {med['grad']} {plain}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("linear", help="linear_recurrence methods vs lax.scan")
+    p.add_argument("--length", type=int, default=524288)
+    p.add_argument("--state", type=int, default=32)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument(
+        "--methods",
+        default="auto,sequential,chunked,associative",
+        help="comma-separated; `chunked:C` sets the chunk size",
+    )
+    p.add_argument("--no-memory", action="store_true", help="skip peak-RSS runs")
+    p = sub.add_parser("solvers", help="nonlinear solvers on a GRU vs Sequential")
+    p.add_argument("--length", type=int, default=65536)
+    p.add_argument("--hidden", type=int, default=32)
+    p.add_argument("--chunk", type=int, default=256)
+    p.add_argument("--tol", type=float, default=1e-5)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--skip", default="", help="comma-separated name fragments")
+    p = sub.add_parser("seed", help="the seed scenario's gradient vs lax.scan")
+    p.add_argument("--length", type=int, default=524288)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--hidden", type=int, default=32)
+    p.add_argument("--every", type=int, default=1024)
+    p.add_argument("--repeats", type=int, default=3)
+    p = sub.add_parser("sharding", help="sharded linear recurrence on host devices")
+    p.add_argument("--length", type=int, default=2**20)
+    p.add_argument("--channels", type=int, default=32)
+    p.add_argument("--devices", default="1,2,4")
+    p.add_argument("--repeats", type=int, default=5)
+    for p in sub.choices.values():
+        p.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    {"linear": linear, "solvers": solvers, "seed": seed, "sharding": sharding}[
+        args.what
+    ](args)
+
+
+if __name__ == "__main__":
+    main()

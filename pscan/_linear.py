@@ -393,6 +393,10 @@ def _check_dtype(name, x, dtype):
     if x.dtype != dtype:
         if weak and jnp.can_cast(x.dtype, dtype, casting="same_kind"):
             return x.astype(dtype)
+        if jnp.finfo(x.dtype).bits == jnp.finfo(dtype).bits and jnp.issubdtype(
+            dtype, jnp.complexfloating
+        ):  # real coefficients of a complex recurrence (e.g. S5, LinOSS)
+            return x.astype(dtype)
         raise ValueError(
             f"pscan.linear_recurrence: `{name}` has dtype {x.dtype} but `b` has dtype {dtype}; "
             "cast them to one dtype"
@@ -443,7 +447,9 @@ def linear_recurrence(
 
     **Returns:**
 
-    `hs` with the shape and dtype of `b`: `hs[t]` is the state after step `t`.
+    `hs` with the shape of `b`: `hs[t]` is the state after step `t`. Its dtype is
+    `b`'s, made complex when `a` is (real and complex arguments of one precision mix:
+    the real ones are promoted).
 
     **Raises:**
 
@@ -483,6 +489,10 @@ def linear_recurrence(
         raise ValueError(
             f"pscan.linear_recurrence: `b` must be floating or complex, got dtype {b.dtype}"
         )
+    if jnp.issubdtype(a.dtype, jnp.complexfloating) and not jnp.issubdtype(
+        b.dtype, jnp.complexfloating
+    ):  # complex coefficients make the states complex
+        b = b.astype(jnp.result_type(b.dtype, a.dtype))
     a = _check_dtype("a", a, b.dtype)
     length, state = b.shape[0], b.shape[1:]
     dense = a.ndim == b.ndim + 1
@@ -512,6 +522,12 @@ def linear_recurrence(
                 hint = " (for one scalar per step, give `a` shape (T, 1, ...))"
             if a.ndim > b.ndim + 1:
                 hint = f" (dense `a` has exactly b.ndim + 1 = {b.ndim + 1} axes)"
+            d = state[-1] if state else None
+            if a.ndim == b.ndim and a.ndim >= 2 and a.shape[-2:] == (d, d):
+                hint = (
+                    f" (for one matrix shared by every step, give `a` shape "
+                    f"{(1, *a.shape)}: dense `a` has a time axis)"
+                )
             raise ValueError(
                 f"pscan.linear_recurrence: `a` with shape {a.shape} is not broadcastable to "
                 f"`b` with shape {b.shape}{hint}"

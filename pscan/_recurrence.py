@@ -22,6 +22,7 @@ def recurrence(
     *,
     solver: AbstractSolver = Sequential(),
     throw: bool = True,
+    guess: PyTree[Array] | None = None,
 ) -> Solution:
     """All states of the recurrence `h[t] = cell(x[t], h[t-1])`, `h[-1] = h0`.
 
@@ -45,6 +46,11 @@ def recurrence(
     - `h0`: the initial state, a pytree of floating arrays.
     - `solver`: `pscan.Sequential()` (default, exact), `pscan.Picard(...)` or
         `pscan.Newton(...)`.
+    - `guess`: a warm start for the iterative solvers, a pytree like `hs` (leading
+        axis `T`): for instance the states of the last training step, so that the
+        next solve starts close to its answer. Only its states at chunk boundaries
+        are read; it is not differentiated, and the answer does not depend on it
+        (only the number of iterations does). `Sequential` ignores it.
     - `throw`: if the solver fails (did not converge, or non-finite states), raise an
         error at run time (through `eqx.error_if`). With `throw=False` inspect
         `sol.result` instead.
@@ -108,7 +114,23 @@ def recurrence(
     def step(cell, z, h_flat):
         return ravel_pytree(cell_step(cell, z, unravel(h_flat)))[0]
 
-    hs_flat, result, stats = solver.solve(Problem(step, cell, xs, h0_flat, project))
+    guess_flat = None
+    if guess is not None:
+        length = leaves[0].shape[0]
+        g_leaves = jax.tree_util.tree_leaves(guess)
+        if jax.tree_util.tree_structure(guess) != jax.tree_util.tree_structure(
+            h0
+        ) or any(
+            jnp.shape(g) != (length, *h.shape) for g, h in zip(g_leaves, h_leaves)
+        ):
+            raise ValueError(
+                f"pscan.recurrence: `guess` must be like the states `hs`: `h0`'s "
+                f"structure with a leading time axis of length {length}, got "
+                f"{_shape_tree(guess)} for `h0` {_shape_tree(h0)}"
+            )
+        guess_flat = jax.vmap(lambda g: ravel_pytree(g)[0].astype(h0_flat.dtype))(guess)
+    problem = Problem(step, cell, xs, h0_flat, project, guess_flat)
+    hs_flat, result, stats = solver.solve(problem)
     hs = jax.vmap(unravel)(hs_flat)
     if throw:
         hs = raise_on_failure(hs, result)

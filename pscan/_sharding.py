@@ -17,6 +17,10 @@ from ._solvers import AbstractShootingSolver
 
 
 def _check_axis(owner: str, mesh: Mesh, axis_name: str):
+    if not isinstance(mesh, Mesh):
+        raise ValueError(
+            f"pscan.{owner}: `mesh` must be a jax.sharding.Mesh, got {mesh!r}"
+        )
     if axis_name not in mesh.shape:
         raise ValueError(
             f"pscan.{owner}: `axis_name` {axis_name!r} is not an axis of the mesh (axes "

@@ -33,7 +33,8 @@ class Solution(eqx.Module):
     - `result`: a `pscan.RESULTS` code.
     - `stats`: a dict with `num_iterations` (parallel sweeps; `0` for `Sequential`),
         `max_residual` (the largest change of a chunk-start state in the last sweep,
-        relative to the tolerance scale: `<= 1` means converged) and `fell_back`
+        relative to the tolerance scale: `<= 1` means converged; `inf` when the states
+        are not all finite) and `fell_back`
         (whether the exact sequential fallback produced `hs`).
     """
 

@@ -101,11 +101,17 @@ def assert_allclose(actual, desired, dtype=None):
     )
 
 
-def tree_allclose(x, y, **kwargs):
-    return all(
-        np.allclose(np.asarray(a), np.asarray(b), **kwargs)
-        for a, b in zip(jax.tree_util.tree_leaves(x), jax.tree_util.tree_leaves(y))
-    )
+def tree_allclose(x, y, **kwargs) -> bool:
+    """Whether two pytrees have the same structure, and leaves of the same shapes that
+    are close (`np.allclose` keywords). A missing leaf, another structure or a shape
+    that merely broadcasts is `False`, never zipped or broadcast away."""
+    if jax.tree_util.tree_structure(x) != jax.tree_util.tree_structure(y):
+        return False
+    for a, b in zip(jax.tree_util.tree_leaves(x), jax.tree_util.tree_leaves(y)):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape or not np.allclose(a, b, **kwargs):
+            return False
+    return True
 
 
 def loop_body_copies(hlo_text: str, min_elements: int) -> list[str]:

@@ -424,6 +424,11 @@ def test_no_buffer_copy_inside_loops(method, shared):
             r"`a` must be floating or complex",
         ),
         ((np.ones(()), np.ones(())), {}, r"`b` must have a leading time axis"),
+        (
+            (np.eye(3), np.ones((7, 3))),
+            {},
+            r"one matrix shared by every step, give `a` shape \(1, 3, 3\)",
+        ),
     ],
 )
 def test_bad_input(args, kwargs, match):
@@ -432,3 +437,18 @@ def test_bad_input(args, kwargs, match):
     # the same error at trace time under jit
     with pytest.raises(ValueError, match=match):
         jax.jit(lambda *xs: pscan.linear_recurrence(*xs, **kwargs))(*args)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("precision", [32, 64])
+def test_real_coefficients_complex_inputs(method, precision):
+    """Real `a` with complex `b` (as S5 and LinOSS write it), and complex `a` with real
+    `b`: the real arguments are promoted, as in jax.numpy."""
+    cplx = np.complex64 if precision == 32 else np.complex128
+    a, b, h0 = make_linear_problem(3, 23, (3,), "diagonal", cplx)
+    hs = pscan.linear_recurrence(a.real, b, h0, **_kwargs(method, 4))
+    assert hs.dtype == cplx
+    assert_allclose(hs, reference_linear(a.real, b, h0), cplx)
+    hs = pscan.linear_recurrence(a, b.real, h0, **_kwargs(method, 4))
+    assert hs.dtype == cplx
+    assert_allclose(hs, reference_linear(a, b.real, h0), cplx)

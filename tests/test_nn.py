@@ -215,6 +215,20 @@ def test_bad_input_is_a_value_error():
         nn.Recurrence(cell, "newton")
     with pytest.raises(ValueError, match="pass `h0`"):
         nn.Recurrence(lambda x, h: h)(xs)
+    with pytest.raises(
+        ValueError, match=r"ElmanCell: `hidden_size` must be a positive"
+    ):
+        nn.ElmanCell(3, 0, key=jax.random.PRNGKey(0))
+    with pytest.raises(ValueError, match=r"MinGRU: `in_features` must be a positive"):
+        nn.MinGRU(0, 3, key=jax.random.PRNGKey(0))
+    with pytest.raises(ValueError, match=r"LRU: `state_size` must be a positive"):
+        nn.LRU(1, -2, key=jax.random.PRNGKey(0))
+    # x64 on, a float32 layer, float64 inputs: the message names `xs`, not an
+    # argument the user never passed
+    for cell in (nn.LRU, nn.ElmanCell):
+        layer = nn.Recurrence(cell(2, 3, dtype=jnp.float32, key=jax.random.PRNGKey(0)))
+        with pytest.raises(ValueError, match=r"`xs` has dtype float64 but the cell's"):
+            layer(jnp.ones((5, 2), jnp.float64))
     with pytest.raises(ValueError, match="r_min"):
         nn.LRU(3, 4, r_min=0.99, r_max=0.9, key=jax.random.PRNGKey(0))
 

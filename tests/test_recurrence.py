@@ -350,3 +350,109 @@ def test_user_written_solver():
     g = eqx.filter_grad(lambda c: _loss(c, xs, h0, MySequential()))(cell)
     g_ref = eqx.filter_grad(lambda c: _scan_loss(c, xs, h0))(cell)
     assert_allclose(g.weight_hh, g_ref.weight_hh)
+
+
+# ---------------------------------------------------------------------------------------
+# Honest results: non-finite states, pure relative tolerance, the fallback's states
+# ---------------------------------------------------------------------------------------
+
+NONFINITE_SOLVERS = {
+    "sequential": pscan.Sequential(),
+    "picard": pscan.Picard(chunk_size=4, **TIGHT),
+    "deer": pscan.Newton(**TIGHT),
+    "quasi-deer": pscan.Newton(jacobian="diagonal", **TIGHT),
+    "shooting": pscan.Newton(chunk_size=4, **TIGHT),
+    "fallback": pscan.Newton(chunk_size=4, max_iters=2, fallback="sequential", **TIGHT),
+}
+
+
+@pytest.mark.parametrize(
+    "solver", NONFINITE_SOLVERS.values(), ids=NONFINITE_SOLVERS.keys()
+)
+def test_nonfinite_input_flagged_and_earlier_states_exact(solver):
+    """A NaN input at step 21: every solver flags `nonfinite` (and raises with
+    `throw=True`), `max_residual` never reads as converged, and every state before the
+    NaN is the exact sequential one."""
+    cell, h0 = make_cell("gru")
+    xs = make_xs(LENGTH).at[21, 0].set(jnp.nan)
+    sol = solve(cell, xs, h0, solver=solver, throw=False)
+    assert sol.result == pscan.RESULTS.nonfinite
+    assert not float(sol.stats["max_residual"]) <= 1
+    assert_allclose(sol.hs[:21], scan_cell(cell, xs[:21], h0))
+    with pytest.raises(Exception, match="non-finite"):
+        jax.block_until_ready(solve(cell, xs, h0, solver=solver).hs)
+
+
+@pytest.mark.parametrize("make", [pscan.Picard, pscan.Newton])
+def test_pure_relative_tolerance(make):
+    """`atol=0` with states that are exactly zero: no 0/0, converges as usual."""
+
+    class HalfZero(eqx.Module):
+        inner: ElmanCell
+
+        def __call__(self, x, h):
+            return self.inner(x, h).at[:2].set(0.0)
+
+    inner, h0 = make_cell("elman")
+    cell = HalfZero(inner)
+    xs = make_xs(LENGTH)
+    solver = make(chunk_size=8, rtol=1e-10, atol=0.0)
+    sol = solve(cell, xs, h0, solver=solver)
+    assert sol.result == pscan.RESULTS.successful
+    assert int(sol.stats["num_iterations"]) > 1  # 0/0 once stopped it after one
+    assert_allclose(sol.hs, scan_cell(cell, xs, h0))
+
+
+def test_fallback_returns_the_sequential_states():
+    """`fallback="sequential"` returns exactly what `Sequential()` returns, bit for bit
+    (on a chaotic float32 cell, rerunning chunks from sequential starts would not)."""
+    cell, h0 = _chaotic()
+    cell, h0 = to_dtype(cell, jnp.float32), h0.astype(jnp.float32)
+    xs = make_xs(60, dtype=jnp.float32)
+    fb = pscan.Newton(chunk_size=4, max_iters=2, fallback="sequential")
+    sol = solve(cell, xs, h0, solver=fb)
+    assert bool(sol.stats["fell_back"])
+    np.testing.assert_array_equal(sol.hs, solve(cell, xs, h0).hs)
+
+
+def test_numpy_integer_hyperparameters():
+    solver = pscan.Newton(chunk_size=np.int64(8), max_iters=np.int32(20))
+    cell, h0 = make_cell("gru")
+    xs = make_xs(LENGTH)
+    assert_allclose(solve(cell, xs, h0, solver=solver).hs, scan_cell(cell, xs, h0))
+
+
+WARM = {
+    "picard": pscan.Picard(chunk_size=8, rtol=1e-8, atol=1e-8),
+    "shooting": pscan.Newton(chunk_size=8, rtol=1e-8, atol=1e-8),
+    "deer": pscan.Newton(rtol=1e-8, atol=1e-8),
+}
+
+
+@pytest.mark.parametrize("solver", WARM.values(), ids=WARM.keys())
+def test_warm_start(solver):
+    """`guess=` the answer of a nearby problem (as after a training step): the same
+    answer, fewer iterations, the exact gradient; a bad guess is refused."""
+    cell, h0 = make_cell("gru")
+    xs = make_xs(LENGTH)
+    previous = solve(cell, xs, h0).hs
+    moved = jax.tree_util.tree_map(
+        lambda x: x * 1.001 if eqx.is_inexact_array(x) else x, cell
+    )
+    exact = scan_cell(moved, xs, h0)
+    close = lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6)
+    cold = solve(moved, xs, h0, solver=solver)
+    warm = solve(moved, xs, h0, solver=solver, guess=previous)
+    close(warm.hs, exact)
+    assert int(warm.stats["num_iterations"]) < int(cold.stats["num_iterations"])
+    loss = lambda c, **kw: jnp.sum(
+        pscan.recurrence(c, xs, h0, solver=solver, **kw).hs ** 2
+    )
+    g = eqx.filter_grad(lambda c: loss(c, guess=previous))(moved)
+    g_ref = eqx.filter_grad(lambda c: jnp.sum(scan_cell(c, xs, h0) ** 2))(moved)
+    close(g.weight_hh, g_ref.weight_hh)
+    # a non-finite guess only costs iterations
+    sol = solve(moved, xs, h0, solver=solver, guess=previous.at[5].set(jnp.nan))
+    close(sol.hs, exact)
+    with pytest.raises(ValueError, match=r"`guess` must be like the states"):
+        pscan.recurrence(moved, xs, h0, solver=solver, guess=previous[:-1])

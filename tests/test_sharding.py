@@ -33,6 +33,10 @@ def test_one_device_mesh_and_bad_axis():
     np.testing.assert_allclose(hs, pscan.linear_recurrence(0.5, b))
     with pytest.raises(ValueError, match="'batch' is not an axis"):
         pscan.sharded_linear_recurrence(0.5, b, mesh=mesh, axis_name="batch")
+    with pytest.raises(
+        ValueError, match="`mesh` must be a jax.sharding.Mesh, got None"
+    ):
+        pscan.sharded_linear_recurrence(0.5, b, mesh=None, axis_name="time")
 
 
 def test_sharded_recurrence_bad_input():

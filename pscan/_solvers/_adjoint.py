@@ -21,6 +21,7 @@ from jaxtyping import Array, PyTree
 from .._axis import cotangent_like, shift_backward
 from .._chunking import from_chunks
 from .._linear import linear_recurrence
+from .._solution import RESULTS
 from ._base import Problem, chunk_xs
 from ._iterate import run_chunks, shooting_forward
 
@@ -57,7 +58,8 @@ def shooting_solve(solver, problem: Problem):
 
     The iteration sees the problem without its derivatives (it is never
     differentiated); `hs` is the run of every chunk from the converged chunk starts,
-    whose derivative is the implicit one below.
+    whose derivative is the implicit one below. With `fallback="sequential"`, a solve
+    that did not converge returns the sequential states themselves.
     """
     frozen = jax.tree_util.tree_map(
         lambda x: lax.stop_gradient(x) if eqx.is_array(x) else x, problem
@@ -66,29 +68,45 @@ def shooting_solve(solver, problem: Problem):
     params, static_params = eqx.partition(problem.params, eqx.is_inexact_array)
     inputs = _Inputs(params, problem.xs, problem.h0)
     static = _Static(problem.step, problem.project, static_params)
-    return _run(inputs, static, solver, starts), result, stats
+    hs = _run(inputs, static, solver, starts, stats["fell_back"])
+    if solver.fallback is not None:
+        finite = jnp.all(jnp.isfinite(lax.stop_gradient(hs)))
+        result = RESULTS.where(finite, RESULTS.successful, RESULTS.nonfinite)
+    return hs, result, stats
 
 
-def _run_chunks(inputs, static, solver, starts):
+def _run_chunks(inputs, static, solver, starts, fell_back):
+    """`(hs, starts)`: every chunk run from its start, or (when the solve fell back)
+    the sequential states and the chunk starts they imply."""
     problem = _problem(inputs, static)
-    return run_chunks(problem, starts, chunk_xs(problem, solver.chunk_size))
+    xs_chunks = chunk_xs(problem, solver.chunk_size)
+    chunked = lambda: (run_chunks(problem, starts, xs_chunks), starts)
+    if solver.fallback is None:
+        return chunked()
+
+    def sequential():
+        hs = problem.scan(problem.h0, problem.xs)[0]
+        ends = hs[solver.chunk_size - 1 :: solver.chunk_size]
+        return hs, jnp.concatenate([problem.h0[None], ends[: starts.shape[0] - 1]])
+
+    return lax.cond(fell_back, sequential, chunked)
 
 
 @eqx.filter_custom_vjp
-def _run(inputs, static, solver, starts):
-    """Every chunk run from its (converged) start: the states `(T, d)`."""
-    return _run_chunks(inputs, static, solver, starts)
+def _run(inputs, static, solver, starts, fell_back):
+    """The states `(T, d)` from the (converged) chunk starts."""
+    return _run_chunks(inputs, static, solver, starts, fell_back)[0]
 
 
 @_run.def_fwd
-def _run_fwd(perturbed, inputs, static, solver, starts):
+def _run_fwd(perturbed, inputs, static, solver, starts, fell_back):
     del perturbed
-    return _run_chunks(inputs, static, solver, starts), None
+    return _run_chunks(inputs, static, solver, starts, fell_back)
 
 
 @_run.def_bwd
-def _run_bwd(residuals, ct_hs, perturbed, inputs, static, solver, starts):
-    del residuals, perturbed
+def _run_bwd(starts, ct_hs, perturbed, inputs, static, solver, _, fell_back):
+    del perturbed, fell_back
     problem = _problem(inputs, static)
     axis = solver.axis_name
     c = solver.chunk_size

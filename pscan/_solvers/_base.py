@@ -31,6 +31,8 @@ class Problem(eqx.Module):
     - `xs`: the inputs, a pytree of arrays with a leading time axis of length `T`.
     - `h0`: the flat initial state, shape `(d,)`.
     - `project`: `project(params, x) -> z`, or None (static).
+    - `guess`: None, or flat states `(T, d)` to start an iteration from (a warm
+        start; never differentiated).
     """
 
     step: Callable = eqx.field(static=True)
@@ -38,6 +40,7 @@ class Problem(eqx.Module):
     xs: PyTree[Array]
     h0: Array
     project: Callable | None = eqx.field(static=True, default=None)
+    guess: Array | None = None
 
     @property
     def length(self) -> int:
@@ -105,6 +108,12 @@ class AbstractSolver(eqx.Module):
         statistics that `pscan.Solution.stats` documents. Gradients of `hs` must be
         exact: either `solve` is differentiable as written, or it defines its own rule.
         """
+
+
+def as_python(value):
+    """A NumPy scalar hyperparameter as the Python number it stands for (static fields
+    must not hold arrays); anything else unchanged, for `__check_init__` to judge."""
+    return value.item() if isinstance(value, (np.integer, np.floating)) else value
 
 
 def check_positive_int(owner: str, name: str, value, allow_none: bool = False):

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, PyTree
 
 from .._axis import everywhere, shift_forward, varying
-from .._chunking import from_chunks
+from .._chunking import from_chunks, to_chunks
 from .._solution import RESULTS
 from ._base import Problem, chunk_xs
 
@@ -31,40 +31,62 @@ def run_chunks(problem: Problem, starts: Array, xs_chunks: PyTree[Array]) -> Arr
 
 
 def _scaled_change(new, old, rtol, atol):
-    """`max |new - old| / (atol + rtol |new|)`: converged when `<= 1`."""
+    """`max |new - old| / (atol + rtol |new|)`: converged when `<= 1`. No change is no
+    change even where the scale is 0 (`atol = 0` and `new = 0`)."""
+    diff = jnp.abs(new - old)
     scale = atol + rtol * jnp.abs(new)
-    return jnp.max(jnp.abs(new - old) / scale, initial=0.0)
+    moved = diff > 0
+    ratio = jnp.where(moved, diff / jnp.where(moved, scale, 1), 0)
+    return jnp.max(ratio, initial=0.0)
+
+
+def _finite_rows(x):
+    """Per chunk start: whether all its entries are finite, `(K,)`."""
+    return jnp.all(jnp.isfinite(x), axis=-1)
 
 
 def _iterate(solver, problem: Problem, xs_chunks):
     """The solver's sweeps in a `while_loop`: `(starts, iterations, change, finite)`."""
     k = jax.tree_util.tree_leaves(xs_chunks)[0].shape[0]
     axis = solver.axis_name
-    starts = varying(jnp.broadcast_to(problem.h0, (k, problem.h0.shape[0])), axis)
+    if problem.guess is None:
+        starts = jnp.broadcast_to(problem.h0, (k, problem.h0.shape[0]))
+        starts = varying(starts, axis)
+    else:  # a warm start: the guess's states at the chunk boundaries
+        ends = to_chunks(problem.guess, solver.chunk_size, fill=problem.guess[-1])
+        starts = shift_forward(ends[:, -1], problem.h0, axis)
+        starts = jnp.where(jnp.isfinite(starts), starts, problem.h0)
     end = lambda s, xs_k: chunk_end(problem, s, xs_k)
 
-    def all_finite(x):
-        finite = jnp.all(jnp.isfinite(x)).astype(jnp.int32)
-        return everywhere(finite, axis, lax.pmin) > 0
+    def everywhere_all(x):
+        return everywhere(jnp.all(x).astype(jnp.int32), axis, lax.pmin) > 0
 
     def cond(carry):
-        _, it, change, finite = carry
-        return (it < solver.max_iters) & (change > 1) & finite
+        _, it, change, _ = carry
+        return (it < solver.max_iters) & (change > 1)
 
     def body(carry):
         starts, it, _, _ = carry
         new = solver._update(end, starts, xs_chunks, problem.h0)
-        finite = all_finite(new)
-        # a non-finite linearised step falls back to a Picard sweep from the last
-        # finite guess, which always makes progress (one more chunk becomes exact);
-        # `finite` is the same on every device, so they all take the same branch
+        rows = _finite_rows(new)
+        # a chunk start that the linearised step made non-finite takes the value of a
+        # Picard sweep from the last guess instead (which always makes progress: one
+        # more chunk becomes exact); the predicate is the same on every device
         new = lax.cond(
-            finite,
+            everywhere_all(rows),
             lambda: new,
-            lambda: shift_forward(jax.vmap(end)(starts, xs_chunks), problem.h0, axis),
+            lambda: jnp.where(
+                rows[:, None],
+                new,
+                shift_forward(jax.vmap(end)(starts, xs_chunks), problem.h0, axis),
+            ),
         )
-        finite = all_finite(new)
-        new = jnp.where(finite, new, starts)
+        # what is still non-finite follows a non-finite state of the sequential
+        # recurrence itself (a non-finite input, or a cell that blows up): it keeps its
+        # last value, so the chunks before it still converge to their exact states
+        rows = _finite_rows(new)
+        finite = everywhere_all(rows)
+        new = jnp.where(rows[:, None], new, starts)
         change = _scaled_change(new, starts, solver.rtol, solver.atol)
         change = everywhere(change, axis, lax.pmax)
         return new, it + 1, change, finite
@@ -75,27 +97,21 @@ def _iterate(solver, problem: Problem, xs_chunks):
 
 
 def shooting_forward(solver, problem: Problem) -> tuple[Array, RESULTS, dict[str, Any]]:
-    """Iterates `solver._update` on the chunk starts: `(starts, result, stats)`."""
+    """Iterates `solver._update` on the chunk starts: `(starts, result, stats)`.
+
+    With `fallback="sequential"` the result is left to the caller (it depends on the
+    states of the fallback) and `stats["fell_back"]` says whether to take it.
+    """
     xs_chunks = chunk_xs(problem, solver.chunk_size)
     starts, iters, change, finite = _iterate(solver, problem, xs_chunks)
     converged = finite & (change <= 1)
-    fell_back = jnp.array(False)
-    if solver.fallback == "sequential":
-        fell_back = ~converged
-
-        def exact_starts():
-            # the chunk starts of the exact sequential solution
-            hs = problem.scan(problem.h0, problem.xs)[0]
-            ends = hs[solver.chunk_size - 1 :: solver.chunk_size]
-            return jnp.concatenate([problem.h0[None], ends[: starts.shape[0] - 1]])
-
-        starts = lax.cond(fell_back, exact_starts, lambda: starts)
-        result = RESULTS.successful
-    else:
-        result = RESULTS.where(
-            converged,
-            RESULTS.successful,
-            RESULTS.where(finite, RESULTS.max_iters_reached, RESULTS.nonfinite),
-        )
+    result = RESULTS.where(
+        converged,
+        RESULTS.successful,
+        RESULTS.where(finite, RESULTS.max_iters_reached, RESULTS.nonfinite),
+    )
+    # never reads as converged (<= 1) when the states are not all finite
+    change = jnp.where(finite, change, jnp.inf)
+    fell_back = ~converged if solver.fallback == "sequential" else jnp.array(False)
     stats = {"num_iterations": iters, "max_residual": change, "fell_back": fell_back}
     return starts, result, stats

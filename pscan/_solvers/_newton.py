@@ -7,6 +7,7 @@ import jax.numpy as jnp
 
 from .._axis import shift_forward
 from .._linear import linear_recurrence
+from ._base import as_python
 from ._shooting import AbstractShootingSolver
 
 
@@ -55,12 +56,12 @@ class Newton(AbstractShootingSolver):
         states cross devices once per iteration. See `pscan.sharded_recurrence`.
     """
 
-    chunk_size: int = eqx.field(static=True, default=1)
+    chunk_size: int = eqx.field(static=True, default=1, converter=as_python)
     jacobian: str = eqx.field(static=True, default="dense")
-    damping: float = eqx.field(static=True, default=0.0)
-    max_iters: int = eqx.field(static=True, default=100)
-    rtol: float = eqx.field(static=True, default=1e-6)
-    atol: float = eqx.field(static=True, default=1e-6)
+    damping: float = eqx.field(static=True, default=0.0, converter=as_python)
+    max_iters: int = eqx.field(static=True, default=100, converter=as_python)
+    rtol: float = eqx.field(static=True, default=1e-6, converter=as_python)
+    atol: float = eqx.field(static=True, default=1e-6, converter=as_python)
     fallback: str | None = eqx.field(static=True, default=None)
     axis_name: str | None = eqx.field(static=True, default=None)
     name: ClassVar[str] = "Newton"

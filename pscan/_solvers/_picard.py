@@ -4,6 +4,7 @@ import equinox as eqx
 import jax
 
 from .._axis import shift_forward
+from ._base import as_python
 from ._shooting import AbstractShootingSolver
 
 
@@ -29,10 +30,10 @@ class Picard(AbstractShootingSolver):
         states cross devices once per iteration. See `pscan.sharded_recurrence`.
     """
 
-    chunk_size: int = eqx.field(static=True, default=64)
-    max_iters: int = eqx.field(static=True, default=100)
-    rtol: float = eqx.field(static=True, default=1e-6)
-    atol: float = eqx.field(static=True, default=1e-6)
+    chunk_size: int = eqx.field(static=True, default=64, converter=as_python)
+    max_iters: int = eqx.field(static=True, default=100, converter=as_python)
+    rtol: float = eqx.field(static=True, default=1e-6, converter=as_python)
+    atol: float = eqx.field(static=True, default=1e-6, converter=as_python)
     fallback: str | None = eqx.field(static=True, default=None)
     axis_name: str | None = eqx.field(static=True, default=None)
     name: ClassVar[str] = "Picard"

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 
 from .._chunking import from_chunks
 from .._solution import RESULTS
-from ._base import AbstractSolver, check_positive_int, chunk_xs
+from ._base import AbstractSolver, as_python, check_positive_int, chunk_xs
 
 
 class Sequential(AbstractSolver):
@@ -23,8 +23,8 @@ class Sequential(AbstractSolver):
         `sqrt(T)` minimises memory).
     """
 
-    unroll: int = eqx.field(static=True, default=1)
-    checkpoint: int | None = eqx.field(static=True, default=None)
+    unroll: int = eqx.field(static=True, default=1, converter=as_python)
+    checkpoint: int | None = eqx.field(static=True, default=None, converter=as_python)
 
     def __check_init__(self):
         check_positive_int("Sequential", "unroll", self.unroll)
@@ -49,9 +49,12 @@ class Sequential(AbstractSolver):
             k = jax.tree_util.tree_leaves(xs_chunks)[0].shape[0]
             hs = lax.scan(chunk, problem.h0, jnp.arange(k))[1]
             hs = from_chunks(hs, problem.length)
+        # one rule for every solver: non-finite states are flagged (and raise with
+        # `throw=True`)
+        finite = jnp.all(jnp.isfinite(lax.stop_gradient(hs)))
         stats = {
             "num_iterations": jnp.array(0),
-            "max_residual": jnp.array(0.0, hs.real.dtype),
+            "max_residual": jnp.where(finite, 0.0, jnp.inf).astype(hs.real.dtype),
             "fell_back": jnp.array(False),
         }
-        return hs, RESULTS.successful, stats
+        return hs, RESULTS.where(finite, RESULTS.successful, RESULTS.nonfinite), stats

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Complex, Float, PRNGKeyArray
 
 from .._cell import AbstractLinearCell
-from ._init import floating
+from ._init import check_sizes, floating
 
 
 class LRU(AbstractLinearCell):
@@ -56,9 +56,10 @@ class LRU(AbstractLinearCell):
         dtype=None,
         key: PRNGKeyArray,
     ):
+        check_sizes("LRU", in_features=in_features, state_size=state_size)
         if not 0 <= r_min < r_max <= 1:
             raise ValueError(
-                f"LRU: need 0 <= r_min < r_max <= 1, got r_min={r_min}, r_max={r_max}"
+                f"pscan.nn.LRU: need 0 <= r_min < r_max <= 1, got r_min={r_min}, r_max={r_max}"
             )
         dtype = floating(dtype)
         k = jax.random.split(key, 7)

@@ -88,11 +88,13 @@ class Recurrence(eqx.Module):
     def __check_init__(self):
         if self.solver is not None and not isinstance(self.solver, AbstractSolver):
             raise ValueError(
-                f"Recurrence: `solver` must be None or a pscan solver (Sequential, "
+                f"pscan.nn.Recurrence: `solver` must be None or a pscan solver (Sequential, "
                 f"Picard, Newton), got {self.solver!r}"
             )
         if not callable(self.cell):
-            raise ValueError(f"Recurrence: `cell` must be callable, got {self.cell!r}")
+            raise ValueError(
+                f"pscan.nn.Recurrence: `cell` must be callable, got {self.cell!r}"
+            )
 
     def __call__(self, xs: Array, h0: PyTree[Array] | None = None) -> PyTree[Array]:
         """Runs the cell over the sequence.
@@ -114,7 +116,7 @@ class Recurrence(eqx.Module):
         `ValueError` at trace time when `xs` is not `(T, in_features)` or `h0` is not
         shaped like the cell's state.
         """
-        name = f"Recurrence({type(self.cell).__name__})"
+        name = f"pscan.nn.Recurrence({type(self.cell).__name__})"
         features = getattr(
             self.cell, "in_features", getattr(self.cell, "input_size", None)
         )
@@ -143,6 +145,15 @@ class Recurrence(eqx.Module):
             raise ValueError(
                 f"{name}: `h0` must be shaped like the cell's state {_shapes(default)}, "
                 f"got {_shapes(h0)}"
+            )
+        state_dtype = jax.tree_util.tree_leaves(h0)[0].real.dtype
+        if jnp.issubdtype(xs.dtype, jnp.floating) and (
+            jnp.finfo(xs.dtype).bits > jnp.finfo(state_dtype).bits
+        ):
+            raise ValueError(
+                f"{name}: `xs` has dtype {xs.dtype} but the cell's state is "
+                f"{state_dtype}: cast `xs` to {state_dtype}, or build the cell with "
+                f"`dtype={xs.dtype}`"
             )
         if isinstance(self.cell, AbstractLinearCell) and self.solver is None:
             a, b = self.cell.coefficients(xs)

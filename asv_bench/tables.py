@@ -5,6 +5,7 @@ the same run (this is what docs/benchmarks.md quotes).
     python asv_bench/tables.py solvers    # GRU 1 -> 32, T = 65536, every solver
     python asv_bench/tables.py seed       # Elman 32 -> 32, batch 16, T = 524288, gradient
     python asv_bench/tables.py sharding   # sharded linear recurrence on 1, 2, 4 host devices
+    python asv_bench/tables.py warmstart  # iterations saved by recurrence(guess=) in training
 
 Every candidate is compiled first (compile time reported), then the compiled programs are
 timed in interleaved rounds so that machine noise hits all candidates alike (median
@@ -18,6 +19,7 @@ import os
 import subprocess
 import sys
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 from benchmarks.measure import (
@@ -36,6 +38,8 @@ from benchmarks.scenarios import (
     seed_programs,
     solver_programs,
 )
+
+import pscan
 
 
 def _table(header, rows):
@@ -162,6 +166,66 @@ def seed(args):
     )
 
 
+def _solve_from(solver, h0, warm):
+    """`solve(cell, xs, previous)`, starting from `previous` if `warm`."""
+    return lambda c, xs, previous: pscan.recurrence(
+        c, xs, h0, solver=solver, guess=previous if warm else None, throw=False
+    )
+
+
+def warmstart(args):
+    """A training loop's view: after an optimiser-sized change of the cell, solve again
+    from scratch or from the last step's states (`guess=`)."""
+    cell, xs, h0 = gru_problem(args.length, args.hidden)
+    previous = jax.jit(solver_programs(gru_solvers()["Sequential"], h0)["fwd"])(
+        cell, xs
+    )
+    key = jax.random.PRNGKey(2)
+
+    def nudge(x):  # a relative change of `--step` in every parameter
+        noise = jax.random.normal(key, x.shape, x.dtype)
+        return x * (1 + args.step * noise)
+
+    moved = jax.tree_util.tree_map(
+        lambda x: nudge(x) if eqx.is_inexact_array(x) else x, cell
+    )
+    candidates = {
+        k: v
+        for k, v in gru_solvers(chunk=args.chunk, tol=args.tol).items()
+        if k.startswith(("Picard", "Newton")) and "diagonal)" not in k
+    }
+    programs, iterations = {}, {}
+    for name, solver in candidates.items():
+        for how in ("cold", "warm"):
+            solve = _solve_from(solver, h0, how == "warm")
+            sol = jax.jit(solve)(moved, xs, previous)
+            iterations[name, how] = int(sol.stats["num_iterations"])
+            programs[name, how] = lambda c, xs, g, f=solve: f(c, xs, g).hs
+    compiled = compile_all(programs, moved, xs, previous)
+    med = interleaved_medians(compiled, moved, xs, previous, repeats=args.repeats)
+    print(
+        f"# warm start: GRU 1 -> {args.hidden}, T = {args.length}, parameters moved by "
+        f"{args.step:g} (relative), tol {args.tol}, jax {jax.__version__}, backend "
+        f"{jax.default_backend()}, median of {args.repeats}"
+    )
+    header = ["solver", "iterations cold", "iterations warm", "fwd cold (ms)"]
+    header += ["fwd warm (ms)", "warm / cold"]
+    rows = []
+    for name in candidates:
+        cold, warm = med[name, "cold"], med[name, "warm"]
+        rows.append(
+            [
+                name,
+                iterations[name, "cold"],
+                iterations[name, "warm"],
+                f"{cold * 1e3:.0f}",
+                f"{warm * 1e3:.0f}",
+                f"{warm / cold:.2f}x",
+            ]
+        )
+    _table(header, rows)
+
+
 def sharding(args):
     """Each device count in its own process: the forced host device count is read
     when JAX starts. On a CPU the "devices" share the machine's cores."""
@@ -258,6 +322,13 @@ def main():
     p.add_argument("--hidden", type=int, default=32)
     p.add_argument("--every", type=int, default=1024)
     p.add_argument("--repeats", type=int, default=3)
+    p = sub.add_parser("warmstart", help="iterations saved by a warm start")
+    p.add_argument("--length", type=int, default=65536)
+    p.add_argument("--hidden", type=int, default=32)
+    p.add_argument("--chunk", type=int, default=256)
+    p.add_argument("--tol", type=float, default=1e-5)
+    p.add_argument("--step", type=float, default=1e-3)
+    p.add_argument("--repeats", type=int, default=3)
     p = sub.add_parser("sharding", help="sharded linear recurrence on host devices")
     p.add_argument("--length", type=int, default=2**20)
     p.add_argument("--channels", type=int, default=32)
@@ -266,9 +337,9 @@ def main():
     for p in sub.choices.values():
         p.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    {"linear": linear, "solvers": solvers, "seed": seed, "sharding": sharding}[
-        args.what
-    ](args)
+    commands = {"linear": linear, "solvers": solvers, "seed": seed}
+    commands.update(warmstart=warmstart, sharding=sharding)
+    commands[args.what](args)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,16 @@ def _apply(a, h, dense: bool):
     return a * h
 
 
+def _carry(a, b, dense: bool):
+    """`a` acting on a partial state `b` inside a parallel combine. A composed
+    coefficient may overflow to inf where the sequential loop never forms it (|a| > 1
+    over many steps); acting on an exact zero it must still give zero, not NaN.
+    (Elementwise only: a dense product has no such cheap guard.)"""
+    if dense:
+        return _apply(a, b, dense)
+    return jnp.where(b == 0, jnp.zeros((), b.dtype), a * b)
+
+
 def _compose(a_later, a_earlier, dense: bool):
     """The coefficient of applying `a_earlier`, then `a_later`."""
     if dense:
@@ -144,7 +154,7 @@ def _associative(a, b, h0, *, reverse: bool, dense: bool):
     def combine(earlier, later):
         a_e, b_e = earlier
         a_l, b_l = later
-        return _compose(a_l, a_e, dense), _apply(a_l, b_e, dense) + b_l
+        return _compose(a_l, a_e, dense), _carry(a_l, b_e, dense) + b_l
 
     _, hs = lax.associative_scan(combine, (a, b), reverse=reverse)
     return hs
@@ -177,7 +187,7 @@ def _doubling(a, b, h0, *, reverse: bool, dense: bool):
         a, b = ab
         shift = jnp.left_shift(1, k)
         a_e, b_e = shifted(a, pad_a, shift), shifted(b, pad_b, shift)
-        return _compose(a, a_e, dense), _apply(a, b_e, dense) + b
+        return _compose(a, a_e, dense), _carry(a, b_e, dense) + b
 
     rounds = max(0, (n - 1).bit_length())
     _, hs = lax.fori_loop(0, rounds, body, (a, b))

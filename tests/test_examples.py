@@ -116,6 +116,21 @@ ROOT = pathlib.Path(__file__).parent.parent
         ),
         (
             "asv_bench/tables.py",
+            [
+                "warmstart",
+                "--length",
+                "64",
+                "--hidden",
+                "4",
+                "--chunk",
+                "8",
+                "--repeats",
+                "1",
+            ],
+            "| Newton(chunk_size=8) | ",
+        ),
+        (
+            "asv_bench/tables.py",
             ["sharding", "--length", "64", "--repeats", "1", "--devices", "1,2"],
             "| 2 | ",
         ),

@@ -452,3 +452,20 @@ def test_real_coefficients_complex_inputs(method, precision):
     hs = pscan.linear_recurrence(a, b.real, h0, **_kwargs(method, 4))
     assert hs.dtype == cplx
     assert_allclose(hs, reference_linear(a, b.real, h0), cplx)
+
+
+@pytest.mark.parametrize("method", ["chunked", "associative"])
+@pytest.mark.parametrize("a, b", [(2.0, 0.0), (-3.0, 0.0), (1.5, 1.0), (1.01, 0.5)])
+def test_growing_coefficients_never_nan_where_sequential_is_finite(method, a, b):
+    """|a| > 1: composed coefficients overflow to inf although the sequential loop never
+    forms them; zeros stay zeros and finite states stay finite (float32, T = 300)."""
+    shape = (300, 2)
+    A = jnp.full(shape, a, jnp.float32)
+    B = jnp.full(shape, b, jnp.float32)
+    ref = np.asarray(pscan.linear_recurrence(A, B, method="sequential"))
+    hs = np.asarray(pscan.linear_recurrence(A, B, **_kwargs(method, 8)))
+    finite = np.isfinite(ref)
+    assert finite.any()
+    assert not np.isnan(hs[finite]).any()
+    np.testing.assert_allclose(hs[finite], ref[finite], rtol=1e-4)
+    np.testing.assert_array_equal(hs[~finite], ref[~finite])

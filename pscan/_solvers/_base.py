@@ -73,6 +73,12 @@ class Problem(eqx.Module):
         if self.project is not None:
             xs = jax.vmap(lambda x: self.project(params, x))(xs)
 
+        if jax.tree_util.tree_leaves(xs)[0].shape[0] == 1:
+            # one step (DEER's chunks): no loop, so that derivatives of it (the
+            # per-step Jacobians) are plain vectorised ones
+            h = self.step(params, jax.tree_util.tree_map(lambda z: z[0], xs), h0)
+            return (h[None] if emit else None), h
+
         def body(h, z):
             h = self.step(params, z, h)
             return h, (h if emit else None)

@@ -77,7 +77,16 @@ ROOT = pathlib.Path(__file__).parent.parent
         ),
         (
             "asv_bench/tables.py",
-            ["linear", "--length", "100", "--repeats", "1", "--methods", "chunked"],
+            [
+                "linear",
+                "--length",
+                "100",
+                "--repeats",
+                "1",
+                "--methods",
+                "chunked",
+                "--no-memory",
+            ],
             "| chunked | grad |",
         ),
         (

@@ -32,7 +32,8 @@ class Newton(AbstractShootingSolver):
 
     - `chunk_size=1, jacobian="dense"` is DEER (Lim et al. 2024): memory `O(T d^2)`.
     - `jacobian="diagonal"` is quasi-Newton (quasi-DEER, Gonzalez et al. 2024): only
-        the diagonal of `J_k`, by forward mode, memory `O(K d)`; more iterations.
+        the diagonal of `J_k`, by forward mode, memory `O(K d)` in the forward pass (the
+        implicit gradient still forms dense chunk Jacobians); more iterations.
     - `chunk_size > 1`: Jacobians of whole chunks, memory `O(K d^2)` with
         `K = T / chunk_size`; few iterations for contractive cells.
 

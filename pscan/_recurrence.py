@@ -2,6 +2,7 @@
 
 import equinox as eqx
 import jax
+import jax.lax as lax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, PyTree
@@ -108,11 +109,21 @@ def recurrence(
             f"{_shape_tree(h0)}, got {_shape_tree(out)}"
         )
 
-    h0_flat, unravel = ravel_pytree(h0)
+    h0_flat, unravel_flat = ravel_pytree(h0)
+    # complex states are solved as real vectors (real parts, then imaginary parts): the
+    # solvers' Jacobians are then real `2d x 2d` matrices, right for any cell,
+    # holomorphic or not
+    if jnp.iscomplexobj(h0_flat):
+        d = h0_flat.shape[0]
+        to_flat = lambda h: jnp.concatenate([h.real, h.imag])
+        unravel = lambda r: unravel_flat(lax.complex(r[:d], r[d:]))
+    else:
+        to_flat, unravel = (lambda h: h), unravel_flat
+    h0_flat = to_flat(h0_flat)
     cell_step, project = cell_parts(cell)
 
     def step(cell, z, h_flat):
-        return ravel_pytree(cell_step(cell, z, unravel(h_flat)))[0]
+        return to_flat(ravel_pytree(cell_step(cell, z, unravel(h_flat)))[0])
 
     guess_flat = None
     if guess is not None:
@@ -128,7 +139,7 @@ def recurrence(
                 f"structure with a leading time axis of length {length}, got "
                 f"{_shape_tree(guess)} for `h0` {_shape_tree(h0)}"
             )
-        guess_flat = jax.vmap(lambda g: ravel_pytree(g)[0].astype(h0_flat.dtype))(guess)
+        guess_flat = jax.vmap(lambda g: to_flat(ravel_pytree(g)[0]).astype(h0_flat.dtype))(guess)
     problem = Problem(step, cell, xs, h0_flat, project, guess_flat)
     hs_flat, result, stats = solver.solve(problem)
     hs = jax.vmap(unravel)(hs_flat)

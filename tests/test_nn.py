@@ -263,3 +263,19 @@ def test_custom_cells():
     out = nn.Recurrence(mlp_cell)(xs, jnp.zeros(2))
     expect = hand_scan(mlp_cell, xs, jnp.zeros(2))
     np.testing.assert_allclose(out, expect, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "solver",
+    [pscan.Newton(chunk_size=8, rtol=1e-12, atol=1e-12), pscan.Picard(chunk_size=8)],
+)
+def test_lru_through_iterative_solvers(solver):
+    """`LRU`'s complex state through Newton/Picard: outputs and gradients equal the
+    exact linear path's."""
+    layer = nn.Recurrence(nn.LRU(1, 4, key=jax.random.PRNGKey(0)))
+    xs = jax.random.normal(jax.random.PRNGKey(1), (37, 1))
+    other = nn.Recurrence(layer.cell, solver=solver)
+    assert_allclose(other(xs), layer(xs))
+    loss = lambda m: jnp.sum(m(xs) ** 2)
+    g, g_ref = eqx.filter_grad(loss)(other), eqx.filter_grad(loss)(layer)
+    assert tree_allclose(g.cell, g_ref.cell, rtol=1e-8, atol=1e-8)

@@ -139,7 +139,9 @@ def recurrence(
                 f"structure with a leading time axis of length {length}, got "
                 f"{_shape_tree(guess)} for `h0` {_shape_tree(h0)}"
             )
-        guess_flat = jax.vmap(lambda g: to_flat(ravel_pytree(g)[0]).astype(h0_flat.dtype))(guess)
+        guess_flat = jax.vmap(
+            lambda g: to_flat(ravel_pytree(g)[0]).astype(h0_flat.dtype)
+        )(guess)
     problem = Problem(step, cell, xs, h0_flat, project, guess_flat)
     hs_flat, result, stats = solver.solve(problem)
     hs = jax.vmap(unravel)(hs_flat)

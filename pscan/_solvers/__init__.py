@@ -1,5 +1,4 @@
-from ._base import AbstractSolver as AbstractSolver
-from ._base import Problem as Problem
+from ._base import AbstractSolver as AbstractSolver, Problem as Problem
 from ._newton import Newton as Newton
 from ._picard import Picard as Picard
 from ._sequential import Sequential as Sequential

@@ -4,7 +4,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._cell import AbstractCell
-from ._init import check_sizes, floating, uniform
+from .._solvers import check_positive_int
+from ._init import floating, uniform
 
 
 class ElmanCell(AbstractCell):
@@ -42,7 +43,8 @@ class ElmanCell(AbstractCell):
         dtype=None,
         key: PRNGKeyArray,
     ):
-        check_sizes("ElmanCell", in_features=in_features, hidden_size=hidden_size)
+        check_positive_int("nn.ElmanCell", "in_features", in_features)
+        check_positive_int("nn.ElmanCell", "hidden_size", hidden_size)
         dtype = floating(dtype)
         k1, k2, k3 = jax.random.split(key, 3)
         bound = hidden_size**-0.5

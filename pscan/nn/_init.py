@@ -2,7 +2,6 @@
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 
 def floating(dtype):
@@ -13,17 +12,3 @@ def floating(dtype):
 def uniform(key, shape, bound, dtype):
     """Uniform on `[-bound, bound]`."""
     return jax.random.uniform(key, shape, dtype, minval=-bound, maxval=bound)
-
-
-def check_sizes(owner: str, **sizes):
-    """Raises a `ValueError` naming `owner` and the argument unless each size is an
-    int >= 1."""
-    for name, value in sizes.items():
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, np.integer))
-            or value < 1
-        ):
-            raise ValueError(
-                f"pscan.nn.{owner}: `{name}` must be a positive int, got {value!r}"
-            )

@@ -6,7 +6,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Complex, Float, PRNGKeyArray
 
 from .._cell import AbstractLinearCell
-from ._init import check_sizes, floating
+from .._solvers import check_positive_int
+from ._init import floating
 
 
 class LRU(AbstractLinearCell):
@@ -56,7 +57,8 @@ class LRU(AbstractLinearCell):
         dtype=None,
         key: PRNGKeyArray,
     ):
-        check_sizes("LRU", in_features=in_features, state_size=state_size)
+        check_positive_int("nn.LRU", "in_features", in_features)
+        check_positive_int("nn.LRU", "state_size", state_size)
         if not 0 <= r_min < r_max <= 1:
             raise ValueError(
                 f"pscan.nn.LRU: need 0 <= r_min < r_max <= 1, got r_min={r_min}, r_max={r_max}"

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._cell import AbstractLinearCell
-from ._init import check_sizes, floating
+from .._solvers import check_positive_int
+from ._init import floating
 
 
 class _MinRNN(AbstractLinearCell):
@@ -23,9 +24,9 @@ class _MinRNN(AbstractLinearCell):
     def __init__(
         self, in_features: int, hidden_size: int, *, dtype=None, key: PRNGKeyArray
     ):
-        check_sizes(
-            type(self).__name__, in_features=in_features, hidden_size=hidden_size
-        )
+        owner = f"nn.{type(self).__name__}"
+        check_positive_int(owner, "in_features", in_features)
+        check_positive_int(owner, "hidden_size", hidden_size)
         size = self.projections * hidden_size
         self.linear = eqx.nn.Linear(in_features, size, dtype=floating(dtype), key=key)
         self.in_features = in_features

@@ -3,6 +3,7 @@ the same run (this is what docs/benchmarks.md quotes).
 
     python asv_bench/tables.py linear     # linear recurrence, T = 524288, d = 32
     python asv_bench/tables.py solvers    # GRU 1 -> 32, T = 65536, every solver
+    python asv_bench/tables.py gradmem    # gradient memory of the solvers vs lax.scan
     python asv_bench/tables.py seed       # Elman 32 -> 32, batch 16, T = 524288, gradient
     python asv_bench/tables.py sharding   # sharded linear recurrence on 1, 2, 4 host devices
     python asv_bench/tables.py warmstart  # iterations saved by recurrence(guess=) in training
@@ -132,6 +133,37 @@ def solvers(args):
             ]
         )
     _table(header, rows)
+
+
+def gradmem(args):
+    """XLA temp of each solver's gradient against `Sequential()`'s (autodiff through
+    `lax.scan`), compiled only: GRU 1 -> d, gradient of `sum(hs)` wrt the cell."""
+    chunk, tol = args.chunk, dict(rtol=args.tol, atol=args.tol)
+    candidates = {
+        "Sequential": pscan.Sequential(),
+        f"Newton(chunk_size={chunk})": pscan.Newton(chunk_size=chunk, **tol),
+        f"Picard(chunk_size={chunk})": pscan.Picard(chunk_size=chunk, **tol),
+        f"Newton(chunk_size={chunk}, diagonal)": pscan.Newton(
+            chunk_size=chunk, jacobian="diagonal", **tol
+        ),
+        "Newton(diagonal) = quasi-DEER": pscan.Newton(jacobian="diagonal", **tol),
+    }
+    print(f"# GRU, float32, jax {jax.__version__}, backend {jax.default_backend()}")
+    header = ["T", "d", "solver", "XLA temp fwd (MiB)", "XLA temp grad (MiB)"]
+    _table(header + ["grad vs Sequential"], [])
+    for size in args.sizes.split(","):
+        length, hidden = (int(n) for n in size.split("x"))
+        cell, xs, h0 = gru_problem(length, hidden)
+        base = None
+        for name, solver in candidates.items():
+            p = solver_programs(solver, h0)
+            temps = [
+                temp_mib(jax.jit(p[k]).lower(cell, xs).compile())
+                for k in ("fwd", "grad")
+            ]
+            base = temps[1] if base is None else base
+            row = [length, hidden, name, f"{temps[0]:.1f}", f"{temps[1]:.1f}"]
+            print("| " + " | ".join(map(str, row + [f"{temps[1] / base:.2f}x"])) + " |")
 
 
 def seed(args):
@@ -316,6 +348,10 @@ def main():
     p.add_argument("--tol", type=float, default=1e-5)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip", default="", help="comma-separated name fragments")
+    p = sub.add_parser("gradmem", help="gradient memory of the solvers vs lax.scan")
+    p.add_argument("--sizes", default="16384x128,524288x32", help="TxD,TxD,...")
+    p.add_argument("--chunk", type=int, default=128)
+    p.add_argument("--tol", type=float, default=1e-5)
     p = sub.add_parser("seed", help="the seed scenario's gradient vs lax.scan")
     p.add_argument("--length", type=int, default=524288)
     p.add_argument("--batch", type=int, default=16)
@@ -337,7 +373,7 @@ def main():
     for p in sub.choices.values():
         p.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    commands = {"linear": linear, "solvers": solvers, "seed": seed}
+    commands = {"linear": linear, "solvers": solvers, "seed": seed, "gradmem": gradmem}
     commands.update(warmstart=warmstart, sharding=sharding)
     commands[args.what](args)
 

@@ -3,7 +3,7 @@ iteration count; `Sequential` is a plain `lax.scan`."""
 
 import jax
 
-from .measure import compile_timed, run, sizes
+from .measure import compile_timed, run, sizes, temp_mib
 from .scenarios import gru_problem, gru_solvers, solver_programs
 
 SOLVERS = gru_solvers(chunk=256)
@@ -43,5 +43,9 @@ class GRUSolvers:
     def track_compile_gradient(self, *_):
         return self.gradient_compile
 
+    def track_gradient_temp(self, *_):
+        return temp_mib(self.gradient)
+
     track_iterations.unit = "iterations"
     track_compile_gradient.unit = "seconds"
+    track_gradient_temp.unit = "MiB"

@@ -18,12 +18,12 @@ import jax.lax as lax
 import jax.numpy as jnp
 from jaxtyping import Array, PyTree
 
-from .._axis import cotangent_like, shift_backward
+from .._axis import cotangent_like, everywhere, shift_backward
 from .._chunking import from_chunks
 from .._linear import linear_recurrence
 from .._solution import RESULTS
 from ._base import Problem, chunk_xs
-from ._iterate import run_chunks, shooting_forward
+from ._iterate import chunk_end, run_chunks, scaled_change, shooting_forward
 
 
 class _Inputs(eqx.Module):
@@ -108,7 +108,6 @@ def _run_fwd(perturbed, inputs, static, solver, starts, fell_back):
 def _run_bwd(starts, ct_hs, perturbed, inputs, static, solver, _, fell_back):
     del perturbed, fell_back
     problem = _problem(inputs, static)
-    axis = solver.axis_name
     c = solver.chunk_size
     xs_chunks = chunk_xs(problem, c)
     k = starts.shape[0]
@@ -116,40 +115,23 @@ def _run_bwd(starts, ct_hs, perturbed, inputs, static, solver, _, fell_back):
         ct_hs = jnp.zeros((problem.length, *problem.h0.shape), problem.h0.dtype)
     ct_chunks = jnp.pad(ct_hs, ((0, k * c - problem.length), (0, 0))).reshape(k, c, -1)
 
-    def chunk(params, s, xs_k):
-        return _problem(inputs, static, params).scan(s, xs_k)
+    def runs(params, starts, xs_chunks):
+        one = lambda s, xs_k: _problem(inputs, static, params).scan(s, xs_k)
+        return jax.vmap(one)(starts, xs_chunks)
 
-    # c[k] = (d hs_k / d s_k)^T ct_k
-    def local(s, xs_k, ct_k):
-        _, vjp = jax.vjp(lambda s: chunk(inputs.params, s, xs_k)[0], s)
-        return vjp(ct_k)[0]
-
-    c_k = jax.vmap(local)(starts, xs_chunks, ct_chunks)
-    # the chunk Jacobians J_k by forward mode, all chunks at once (the last chunk's is
-    # not needed; across devices, only the last device's)
-    end = lambda s, xs_k: chunk(inputs.params, s, xs_k)[1]
-    jacobian = jax.vmap(jax.jacfwd(end))
-    if axis is None:
-        head = jax.tree_util.tree_map(lambda x: x[:-1], xs_chunks)
-        jac = jacobian(starts[:-1], head)
-        d = problem.h0.shape[0]
-        jac = jnp.concatenate([jac, jnp.zeros((1, d, d), jac.dtype)])
-    else:
-        jac = jacobian(starts, xs_chunks)
-    # mu[k] = c[k] + J_k^T mu[k+1]: a reverse-time dense linear recurrence over chunks
-    mu = linear_recurrence(jnp.swapaxes(jac, -1, -2), c_k, reverse=True, axis_name=axis)
-    # cotangents of params and xs: one vectorised VJP per chunk, the cotangent of each
-    # chunk's end being the next chunk's mu
-    mu_next = shift_backward(mu, axis)
-
-    def grads(s, xs_k, ct_k, mu_k):
-        _, vjp = jax.vjp(lambda p, xs_k: chunk(p, s, xs_k), inputs.params, xs_k)
-        return vjp((ct_k, mu_k))
-
-    ct_params, ct_xs = jax.vmap(grads)(starts, xs_chunks, ct_chunks, mu_next)
-    ct_params = jax.tree_util.tree_map(lambda g: jnp.sum(g, axis=0), ct_params)
+    # one linearisation of every chunk run, its residuals shared by every product
+    # below; the parameters enter unbatched, so their cotangent is summed over the
+    # chunks inside each product (never a per-chunk copy of the parameters)
+    _, vjp = jax.vjp(runs, inputs.params, starts, xs_chunks)
+    # `pull(m)[1][k] = c[k] + J_k^T m[k]`, with `c[k] = (d hs_k / d s_k)^T ct_k`
+    pull = lambda m: vjp((ct_chunks, m))
+    mu = adjoint_starts(
+        solver, problem, lambda m: pull(m)[1], starts, xs_chunks, ct_chunks
+    )
+    ct_params, _, ct_xs = pull(shift_backward(mu, solver.axis_name))
     ct_xs = from_chunks(ct_xs, problem.length)
     ct_h0 = mu[0]
+    axis = solver.axis_name
     if axis is not None:  # h0 enters on the first device only
         ct_h0 = jnp.where(lax.axis_index(axis) == 0, ct_h0, 0)
         ct_h0 = cotangent_like(ct_h0, inputs.h0, axis)
@@ -157,3 +139,85 @@ def _run_bwd(starts, ct_hs, perturbed, inputs, static, solver, _, fell_back):
             lambda g, p: cotangent_like(g, p, axis), ct_params, inputs.params
         )
     return _Inputs(ct_params, ct_xs, ct_h0)
+
+
+def adjoint_starts(solver, problem, pull, starts, xs_chunks, ct_chunks) -> Array:
+    """`mu` with `mu[k] = c[k] + J_k^T mu[k+1]` (`mu[K] = 0`), where
+    `pull(m)[k] = c[k] + J_k^T m[k]`, `c[k] = (d hs_k / d s_k)^T ct_chunks[k]`.
+
+    How depends on the Jacobians the solver's forward pass used
+    (`solver._linearise`): dense chunk Jacobians give the exact reverse-time linear
+    recurrence at once; diagonal ones precondition an iteration; none (Picard) iterate
+    `mu <- pull(shift(mu))`. The iterations use only `pull` (no Jacobian matrix),
+    stop at the solver's tolerances and fall back to an exact sweep over the chunks
+    when they do not converge in `max_iters`.
+    """
+    axis = solver.axis_name
+    end = lambda s, xs_k: chunk_end(problem, s, xs_k)
+    jac = solver._linearise(end, starts, xs_chunks)
+    shift = lambda m: shift_backward(m, axis)
+    if jac is not None and axis is None:  # the last chunk's J multiplies mu[K] = 0
+        jac = jac.at[-1].set(0)
+    if jac is not None and jac.ndim == 3:  # dense: J_k^T as coefficients
+        c = pull(jnp.zeros_like(starts))
+        return linear_recurrence(
+            jnp.swapaxes(jac, -1, -2), c, reverse=True, axis_name=axis
+        )
+    if jac is None:
+        sweep = lambda mu: pull(shift(mu))
+    else:  # quasi-Newton: the diagonal part solved exactly, the rest iterated
+        precondition = lambda r: linear_recurrence(jac, r, reverse=True, axis_name=axis)
+        sweep = lambda mu: mu + precondition(pull(shift(mu)) - mu)
+    mu, converged = _iterate_adjoint(solver, sweep, starts)
+    return lax.cond(
+        converged,
+        lambda: mu,
+        lambda: _exact_sweep(solver, problem, starts, xs_chunks, ct_chunks),
+    )
+
+
+def _iterate_adjoint(solver, sweep, starts):
+    """`sweep` from `mu = 0` until it changes `mu` by at most `atol * max|mu| +
+    rtol * |mu|` (cotangents have no scale of their own): `(mu, converged)`."""
+    axis = solver.axis_name
+
+    def cond(carry):
+        _, it, change = carry
+        return (it < solver.max_iters) & (change > 1)
+
+    def body(carry):
+        mu, it, _ = carry
+        new = sweep(mu)
+        size = everywhere(jnp.max(jnp.abs(new), initial=0.0), axis, lax.pmax)
+        change = scaled_change(new, mu, solver.rtol, solver.atol * size)
+        change = everywhere(change, axis, lax.pmax)
+        return new, it + 1, change
+
+    inf = jnp.array(jnp.inf, starts.real.dtype)
+    mu, _, change = lax.while_loop(cond, body, (jnp.zeros_like(starts), 0, inf))
+    return mu, change <= 1
+
+
+def _exact_sweep(solver, problem, starts, xs_chunks, ct_chunks):
+    """The adjoint recurrence chunk after chunk, `mu[k]` by the VJP of a rerun of
+    chunk k with cotangents `(ct_chunks[k], mu[k+1])`: exact, sequential over the
+    chunks. Across devices, each device sweeps its block from the next device's first
+    value, as many times as there are devices."""
+
+    def local(incoming):
+        def step(m, inputs):
+            s, xs_k, ct_k = inputs
+            _, vjp = jax.vjp(lambda s: problem.scan(s, xs_k), s)
+            mu_k = vjp((ct_k, m))[0]
+            return mu_k, mu_k
+
+        _, mu = lax.scan(step, incoming, (starts, xs_chunks, ct_chunks), reverse=True)
+        return mu
+
+    zero = jnp.zeros_like(starts[0])
+    axis = solver.axis_name
+    if axis is None:
+        return local(zero)
+    devices = lax.psum(1, axis)
+    incoming = lambda mu: shift_backward(mu, axis)[-1]
+    return lax.fori_loop(0, devices, lambda _, mu: local(incoming(mu)), local(zero))

@@ -30,7 +30,7 @@ def run_chunks(problem: Problem, starts: Array, xs_chunks: PyTree[Array]) -> Arr
     return from_chunks(hs, problem.length)
 
 
-def _scaled_change(new, old, rtol, atol):
+def scaled_change(new, old, rtol, atol):
     """`max |new - old| / (atol + rtol |new|)`: converged when `<= 1`. No change is no
     change even where the scale is 0 (`atol = 0` and `new = 0`)."""
     diff = jnp.abs(new - old)
@@ -87,7 +87,7 @@ def _iterate(solver, problem: Problem, xs_chunks):
         rows = _finite_rows(new)
         finite = everywhere_all(rows)
         new = jnp.where(rows[:, None], new, starts)
-        change = _scaled_change(new, starts, solver.rtol, solver.atol)
+        change = scaled_change(new, starts, solver.rtol, solver.atol)
         change = everywhere(change, axis, lax.pmax)
         return new, it + 1, change, finite
 

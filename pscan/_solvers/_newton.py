@@ -12,11 +12,34 @@ from ._shooting import AbstractShootingSolver
 
 
 def _diagonal_jacobian(f, s):
-    """`diag(df/ds)` by `d` forward-mode products, keeping one entry of each: memory
-    `O(d)`, never the `d x d` matrix."""
-    eye_row = lambda i: jnp.zeros_like(s).at[i].set(1)
-    entry = lambda i: jax.jvp(f, (s,), (eye_row(i),))[1][i]
-    return lax.map(entry, jnp.arange(s.shape[0]))
+    """`diag(df/ds)` by `d` forward-mode products, one after another, keeping one
+    entry of each: memory `O(d)`, never the `d x d` matrix."""
+
+    def entry(i, diag):
+        e = jnp.zeros_like(s).at[i].set(1)
+        return diag.at[i].set(jax.jvp(f, (s,), (e,))[1][i])
+
+    return lax.fori_loop(0, s.shape[0], entry, jnp.zeros_like(s))
+
+
+def _dense_jacobian(f, s, groups: int = 8, least: int = 16):
+    """`df/ds` by forward mode, its columns in at most `groups` groups of at least
+    `least` columns, one group after another: the tangents in flight at once are
+    about `d / groups` vectors, not `d` (the temporary memory of the gradient of a
+    wide cell), for the price of running `f` itself once per group. Each group is
+    written in place (no transposed copy of the matrix)."""
+    d = s.shape[0]
+    width = min(d, max(least, -(-d // groups)))
+    columns = jax.vmap(lambda e: jax.jvp(f, (s,), (e,))[1], out_axes=1)
+
+    def group(i, jac):
+        start = jnp.minimum(i * width, d - width)  # the last group may overlap
+        eye = jnp.arange(d)[None, :] == start + jnp.arange(width)[:, None]
+        basis = eye.astype(s.dtype) + jnp.zeros_like(s)  # typed like `s` in shard_map
+        return lax.dynamic_update_slice_in_dim(jac, columns(basis), start, 1)
+
+    zeros = jnp.zeros((d, d), s.dtype) + jnp.zeros_like(s)
+    return lax.fori_loop(0, -(-d // width), group, zeros)
 
 
 class Newton(AbstractShootingSolver):
@@ -76,6 +99,15 @@ class Newton(AbstractShootingSolver):
         if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d < 1:
             raise ValueError(f"pscan.Newton: `damping` must be in [0, 1), got {d!r}")
 
+    def _linearise(self, chunk_end, starts, xs):
+        if self.jacobian == "dense":
+            dense = lambda s, x: _dense_jacobian(lambda s: chunk_end(s, x), s)
+            return jax.vmap(dense)(starts, xs)
+        # the d products one after another, each over the chunks in 8 groups in turn:
+        # a product's temporaries are those of 1/8 of one run over every chunk
+        diagonal = lambda sx: _diagonal_jacobian(lambda s: chunk_end(s, sx[1]), sx[0])
+        return lax.map(diagonal, (starts, xs), batch_size=-(-starts.shape[0] // 8))
+
     def _update(self, chunk_end, starts, xs, h0):
         ends = jax.vmap(chunk_end)(starts, xs)
         # every chunk's linearisation but the last one's (across devices, the last
@@ -84,15 +116,12 @@ class Newton(AbstractShootingSolver):
         lin_starts = starts if sharded else starts[:-1]
         lin_xs = xs if sharded else _head(xs)
         lin_ends = ends if sharded else ends[:-1]
+        jac = self._linearise(chunk_end, lin_starts, lin_xs)
         if self.jacobian == "dense":
-            jac = jax.vmap(jax.jacfwd(chunk_end))(lin_starts, lin_xs)
             apply = lambda a, s: jnp.einsum(
                 "kij,kj->ki", a, s, precision=lax.Precision.HIGHEST
             )
         else:
-            jac = jax.vmap(
-                lambda s, x: _diagonal_jacobian(lambda s: chunk_end(s, x), s)
-            )(lin_starts, lin_xs)
             apply = lambda a, s: a * s
         a = (1 - self.damping) * jac
         b = lin_ends - apply(a, lin_starts)

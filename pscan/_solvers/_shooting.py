@@ -46,6 +46,12 @@ class AbstractShootingSolver(AbstractSolver):
         """New chunk starts `(K, d)` (the first is `h0`) from the current ones;
         `chunk_end(s, xs_k)` runs one chunk from `s`."""
 
+    def _linearise(self, chunk_end, starts: Array, xs) -> Array | None:
+        """The chunk Jacobians the forward pass uses, which the implicit gradient
+        reuses in its own solve: dense `(K, d, d)`, diagonal `(K, d)`, or None (no
+        Jacobians: the gradient iterates with vector-Jacobian products only)."""
+        return None
+
     def solve(self, problem):
         if self.axis_name is not None and problem.length % self.chunk_size:
             raise ValueError(

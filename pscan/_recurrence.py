@@ -36,9 +36,12 @@ def recurrence(
 
     Gradients with respect to the cell's parameters, `xs` and `h0` are exact for every
     solver. `Sequential` is differentiated by autodiff through its scan; `Picard` and
-    `Newton` implicitly, at their solution: the backward pass solves the transposed
-    recurrence over chunk boundaries with `pscan.linear_recurrence` and takes
-    vectorised per-chunk VJPs, never backpropagating through iterations.
+    `Newton` implicitly, at their solution, never backpropagating through iterations:
+    the backward pass linearises every chunk run once and solves the transposed
+    recurrence over chunk boundaries as the forward solved its own (dense Jacobians at
+    once with `pscan.linear_recurrence`; diagonal ones as a preconditioner; Picard by
+    vector-Jacobian products alone, with an exact sweep over the chunks if that
+    iteration does not converge).
 
     **Arguments:**
 

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, PyTree
 
 from .._axis import cotangent_like, everywhere, shift_backward
-from .._chunking import from_chunks
+from .._chunking import from_chunks, to_chunks
 from .._linear import linear_recurrence
 from .._solution import RESULTS
 from ._base import Problem, chunk_xs
@@ -110,10 +110,9 @@ def _run_bwd(starts, ct_hs, perturbed, inputs, static, solver, _, fell_back):
     problem = _problem(inputs, static)
     c = solver.chunk_size
     xs_chunks = chunk_xs(problem, c)
-    k = starts.shape[0]
     if ct_hs is None:
         ct_hs = jnp.zeros((problem.length, *problem.h0.shape), problem.h0.dtype)
-    ct_chunks = jnp.pad(ct_hs, ((0, k * c - problem.length), (0, 0))).reshape(k, c, -1)
+    ct_chunks = to_chunks(ct_hs, c, fill=jnp.zeros_like(ct_hs[0]))
 
     def runs(params, starts, xs_chunks):
         one = lambda s, xs_k: _problem(inputs, static, params).scan(s, xs_k)
@@ -153,21 +152,19 @@ def adjoint_starts(solver, problem, pull, starts, xs_chunks, ct_chunks) -> Array
     when they do not converge in `max_iters`.
     """
     axis = solver.axis_name
-    end = lambda s, xs_k: chunk_end(problem, s, xs_k)
-    jac = solver._linearise(end, starts, xs_chunks)
     shift = lambda m: shift_backward(m, axis)
+    end = lambda s, xs_k: chunk_end(problem, s, xs_k)
+    jac = solver._linearise(end, starts, xs_chunks, transposed=True)
     if jac is not None and axis is None:  # the last chunk's J multiplies mu[K] = 0
         jac = jac.at[-1].set(0)
-    if jac is not None and jac.ndim == 3:  # dense: J_k^T as coefficients
-        c = pull(jnp.zeros_like(starts))
-        return linear_recurrence(
-            jnp.swapaxes(jac, -1, -2), c, reverse=True, axis_name=axis
-        )
+    # m[k] = r[k] + jac[k] m[k+1], m[K] = 0
+    solve = lambda r: linear_recurrence(jac, r, reverse=True, axis_name=axis)
+    if jac is not None and jac.ndim == 3:  # dense: the exact recurrence at once
+        return solve(pull(jnp.zeros_like(starts)))
     if jac is None:
         sweep = lambda mu: pull(shift(mu))
     else:  # quasi-Newton: the diagonal part solved exactly, the rest iterated
-        precondition = lambda r: linear_recurrence(jac, r, reverse=True, axis_name=axis)
-        sweep = lambda mu: mu + precondition(pull(shift(mu)) - mu)
+        sweep = lambda mu: mu + solve(pull(shift(mu)) - mu)
     mu, converged = _iterate_adjoint(solver, sweep, starts)
     return lax.cond(
         converged,

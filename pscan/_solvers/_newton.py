@@ -22,21 +22,22 @@ def _diagonal_jacobian(f, s):
     return lax.fori_loop(0, s.shape[0], entry, jnp.zeros_like(s))
 
 
-def _dense_jacobian(f, s, groups: int = 8, least: int = 16):
+def _dense_jacobian(f, s, transposed: bool, groups: int = 8, least: int = 16):
     """`df/ds` by forward mode, its columns in at most `groups` groups of at least
     `least` columns, one group after another: the tangents in flight at once are
     about `d / groups` vectors, not `d` (the temporary memory of the gradient of a
     wide cell), for the price of running `f` itself once per group. Each group is
-    written in place (no transposed copy of the matrix)."""
+    written in place: rows of the transpose if `transposed` (no copy either way)."""
     d = s.shape[0]
     width = min(d, max(least, -(-d // groups)))
-    columns = jax.vmap(lambda e: jax.jvp(f, (s,), (e,))[1], out_axes=1)
+    axis = 0 if transposed else 1
+    columns = jax.vmap(lambda e: jax.jvp(f, (s,), (e,))[1], out_axes=axis)
 
     def group(i, jac):
         start = jnp.minimum(i * width, d - width)  # the last group may overlap
         eye = jnp.arange(d)[None, :] == start + jnp.arange(width)[:, None]
         basis = eye.astype(s.dtype) + jnp.zeros_like(s)  # typed like `s` in shard_map
-        return lax.dynamic_update_slice_in_dim(jac, columns(basis), start, 1)
+        return lax.dynamic_update_slice_in_dim(jac, columns(basis), start, axis)
 
     zeros = jnp.zeros((d, d), s.dtype) + jnp.zeros_like(s)
     return lax.fori_loop(0, -(-d // width), group, zeros)
@@ -55,8 +56,8 @@ class Newton(AbstractShootingSolver):
 
     - `chunk_size=1, jacobian="dense"` is DEER (Lim et al. 2024): memory `O(T d^2)`.
     - `jacobian="diagonal"` is quasi-Newton (quasi-DEER, Gonzalez et al. 2024): only
-        the diagonal of `J_k`, by forward mode, memory `O(K d)` in the forward pass (the
-        implicit gradient still forms dense chunk Jacobians); more iterations.
+        the diagonal of `J_k`, by forward mode, memory `O(K d)` (the implicit gradient
+        uses it too, to precondition its own iteration); more iterations.
     - `chunk_size > 1`: Jacobians of whole chunks, memory `O(K d^2)` with
         `K = T / chunk_size`; few iterations for contractive cells.
 
@@ -99,9 +100,11 @@ class Newton(AbstractShootingSolver):
         if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d < 1:
             raise ValueError(f"pscan.Newton: `damping` must be in [0, 1), got {d!r}")
 
-    def _linearise(self, chunk_end, starts, xs):
+    def _linearise(self, chunk_end, starts, xs, transposed=False):
         if self.jacobian == "dense":
-            dense = lambda s, x: _dense_jacobian(lambda s: chunk_end(s, x), s)
+            dense = lambda s, x: _dense_jacobian(
+                lambda s: chunk_end(s, x), s, transposed
+            )
             return jax.vmap(dense)(starts, xs)
         # the d products one after another, each over the chunks in 8 groups in turn:
         # a product's temporaries are those of 1/8 of one run over every chunk

@@ -3,6 +3,7 @@ the same run (this is what docs/benchmarks.md quotes).
 
     python asv_bench/tables.py linear     # linear recurrence, T = 524288, d = 32
     python asv_bench/tables.py solvers    # GRU 1 -> 32, T = 65536, every solver
+    python asv_bench/tables.py deer       # Newton(chunk_size=1) vs reference DEER per iteration
     python asv_bench/tables.py gradmem    # gradient memory of the solvers vs lax.scan
     python asv_bench/tables.py seed       # Elman 32 -> 32, batch 16, T = 524288, gradient
     python asv_bench/tables.py sharding   # sharded linear recurrence on 1, 2, 4 host devices
@@ -31,6 +32,7 @@ from benchmarks.measure import (
     temp_mib,
 )
 from benchmarks.scenarios import (
+    deer_reference,
     elman_problem,
     gru_problem,
     gru_solvers,
@@ -130,6 +132,49 @@ def solvers(args):
                 f"{g / f:.2f}",
                 f"{temp_mib(compiled[name, 'fwd'][0]):.0f}",
                 f"{temp_mib(compiled[name, 'grad'][0]):.0f}",
+            ]
+        )
+    _table(header, rows)
+
+
+def deer(args):
+    """`Newton(chunk_size=1)` (DEER mode) against DEER as its authors run it, for a
+    fixed number of iterations: time and XLA temp per forward."""
+    cell, xs, h0 = gru_problem(args.length, args.hidden)
+    n = args.iterations
+    newton = pscan.Newton(max_iters=n, rtol=0.0, atol=0.0)
+    programs = {
+        "reference DEER (seq1d)": lambda c, xs: deer_reference(c, xs, h0, n),
+        "pscan Newton(chunk_size=1)": lambda c, xs: (
+            pscan.recurrence(c, xs, h0, solver=newton, throw=False).hs
+        ),
+    }
+    ref = jax.jit(programs["reference DEER (seq1d)"])(cell, xs)
+    out = jax.jit(programs["pscan Newton(chunk_size=1)"])(cell, xs)
+    print(
+        f"# GRU 1 -> {args.hidden}, T = {args.length}, {n} iterations each, float32, "
+        f"jax {jax.__version__}, backend {jax.default_backend()}; max |difference| "
+        f"{float(jnp.max(jnp.abs(ref - out))):.1e}"
+    )
+    compiled = compile_all(programs, cell, xs)
+    med = interleaved_medians(compiled, cell, xs, repeats=args.repeats)
+    base = "reference DEER (seq1d)"
+    header = [
+        "",
+        "per iteration (ms)",
+        "vs reference",
+        "XLA temp (MiB)",
+        "vs reference",
+    ]
+    rows = []
+    for name, (exe, _) in compiled.items():
+        rows.append(
+            [
+                name,
+                f"{med[name] / n * 1e3:.0f}",
+                f"{med[name] / med[base]:.2f}x",
+                f"{temp_mib(exe):.0f}",
+                f"{temp_mib(exe) / temp_mib(compiled[base][0]):.2f}x",
             ]
         )
     _table(header, rows)
@@ -348,6 +393,11 @@ def main():
     p.add_argument("--tol", type=float, default=1e-5)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip", default="", help="comma-separated name fragments")
+    p = sub.add_parser("deer", help="Newton(chunk_size=1) vs reference DEER")
+    p.add_argument("--length", type=int, default=65536)
+    p.add_argument("--hidden", type=int, default=32)
+    p.add_argument("--iterations", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=3)
     p = sub.add_parser("gradmem", help="gradient memory of the solvers vs lax.scan")
     p.add_argument("--sizes", default="16384x128,524288x32", help="TxD,TxD,...")
     p.add_argument("--chunk", type=int, default=128)
@@ -374,7 +424,7 @@ def main():
         p.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     commands = {"linear": linear, "solvers": solvers, "seed": seed, "gradmem": gradmem}
-    commands.update(warmstart=warmstart, sharding=sharding)
+    commands.update(warmstart=warmstart, sharding=sharding, deer=deer)
     commands[args.what](args)
 
 

@@ -5,8 +5,7 @@ Inside `shard_map` every device holds a block of consecutive steps. Two things f
 - values cross device boundaries (`shift_forward`, `shift_backward`, `everywhere`);
 - `jax.shard_map` with its variance checks on (the default) types every value as varying
   across the axis or not, and a loop carry must be typed like what the loop adds to it
-  (`like_inputs`, `varying`); a replicated input's cotangent is summed over the devices
-  by whoever knows that it varies (`cotangent_like`).
+  (`like_inputs`, `varying`, `varies`).
 
 Every helper is the identity (or a plain shift) when `axis_name` is None.
 """
@@ -37,18 +36,6 @@ def varies(x: Array, axis_name: str) -> bool:
     """Whether `x` is typed as varying across `axis_name`: only when `shard_map` tracks
     variance (`jax.shard_map` with `check_vma=True`)."""
     return axis_name in jax.typeof(x).manual_axis_type.varying
-
-
-def cotangent_like(ct: Array, primal: Array, axis_name: str | None) -> Array:
-    """The cotangent of an input that is replicated across `axis_name`: summed over the
-    devices here when `shard_map` tracks variance (its transpose sums it otherwise)."""
-    if (
-        axis_name is not None
-        and varies(ct, axis_name)
-        and not varies(primal, axis_name)
-    ):
-        return lax.psum(ct, axis_name)
-    return ct
 
 
 def everywhere(x: Array, axis_name: str | None, reduce) -> Array:

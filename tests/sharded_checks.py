@@ -141,6 +141,11 @@ def nonlinear(mesh):
             g_ref = jax.grad(loss(exact), argnums=(1, 2))(cell, xs, h0)
             close(g[0], g_ref[0], f"{what}: gradient wrt xs")
             close(g[1], g_ref[1], f"{what}: gradient wrt h0")
+            # forward mode, implicit like the gradient
+            tangents = (jnp.cos(xs), jnp.ones(3))
+            t = jax.jvp(lambda xs, h0: sharded(cell, xs, h0), (xs, h0), tangents)[1]
+            t_ref = jax.jvp(lambda xs, h0: exact(cell, xs, h0), (xs, h0), tangents)[1]
+            close(t, t_ref, f"{what}: jvp")
             count += 1
     # called eagerly (outside any jit)
     eager = pscan.sharded_recurrence(
@@ -172,6 +177,9 @@ def nonlinear(mesh):
     g = jax.grad(loss(f_checked), argnums=(1, 2))(cell, xs, h0)
     g_ref = jax.grad(loss(exact), argnums=(1, 2))(cell, xs, h0)
     close(g[0], g_ref[0], "checked: gradient wrt xs")
+    t = jax.jvp(lambda xs: f_checked(cell, xs, h0), (xs,), (jnp.sin(xs),))[1]
+    t_ref = jax.jvp(lambda xs: exact(cell, xs, h0), (xs,), (jnp.sin(xs),))[1]
+    close(t, t_ref, "checked: jvp")
     close(g[1], g_ref[1], "checked: gradient wrt h0")
     gc = eqx.filter_grad(loss(f_checked))(cell, xs, h0)
     gc_ref = eqx.filter_grad(loss(exact))(cell, xs, h0)

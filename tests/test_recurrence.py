@@ -121,9 +121,9 @@ def test_gradients_match_scan_autodiff(solver, cell_name):
         np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-10)
 
 
-@pytest.mark.parametrize("solver", ["picard", "shooting"])
+@pytest.mark.parametrize("solver", ["picard", "shooting", "quasi-shooting"])
 def test_check_grads(solver):
-    """Reverse mode against finite differences (implicit gradients have no JVP)."""
+    """Forward and reverse mode against finite differences."""
     cell, h0 = make_cell("elman", n_hidden=2)
     xs = make_xs(7)
     f = lambda xs, h0, w: (
@@ -131,7 +131,42 @@ def test_check_grads(solver):
             eqx.tree_at(lambda c: c.u, cell, w), xs, h0, solver=SOLVERS[solver]
         ).hs
     )
-    check_grads(f, (xs, h0, cell.u), order=1, modes=["rev"])
+    check_grads(f, (xs, h0, cell.u), order=1, modes=["fwd", "rev"])
+
+
+def test_second_order_refused():
+    """Second derivatives through the implicit rules would miss terms: refused."""
+    cell, h0 = make_cell("elman", n_hidden=2)
+    xs = make_xs(5)
+    f = lambda h0: jnp.sum(
+        pscan.recurrence(cell, xs, h0, solver=SOLVERS["picard"]).hs ** 2
+    )
+    with pytest.raises(NotImplementedError, match="second order"):
+        jax.hessian(f)(h0)
+
+
+SHOOTING = [k for k in SOLVERS if k not in ("sequential", "checkpointed")]
+
+
+@pytest.mark.parametrize("solver", [SOLVERS[k] for k in SHOOTING], ids=SHOOTING)
+def test_forward_mode_matches_scan(solver):
+    """`jax.jvp` with respect to the cell, `xs` and `h0` together, and `jax.jacfwd`
+    (a vmapped JVP), against forward mode through `lax.scan`."""
+    cell, h0 = make_cell("elman")
+    xs = make_xs(LENGTH)
+    tangents = (
+        jax.tree_util.tree_map(jnp.cos, cell),
+        jnp.sin(xs),
+        jnp.ones_like(h0),
+    )
+    f = lambda c, xs, h0: pscan.recurrence(c, xs, h0, solver=solver).hs
+    jvp = eqx.filter_jit(lambda p, t: jax.jvp(f, p, t))
+    hs, t = jvp((cell, xs, h0), tangents)
+    hs_ref, t_ref = jax.jvp(scan_cell, (cell, xs, h0), tangents)
+    assert_allclose(hs, hs_ref)
+    assert_allclose(t, t_ref)
+    jac = jax.jit(jax.jacfwd(lambda h0: f(cell, xs, h0)))(h0)
+    assert_allclose(jac, jax.jacfwd(lambda h0: scan_cell(cell, xs, h0))(h0))
 
 
 def test_vmap_of_grad():

@@ -97,6 +97,33 @@ def solver_programs(solver, h0):
     }
 
 
+def deer_reference(cell, xs, h0, iterations):
+    """DEER as its authors' `seq1d` runs it (Lim et al. 2024), for comparison: every
+    iteration takes `vmap(jacfwd(cell))` at the shifted states, solves the linearised
+    recurrence with `lax.associative_scan` over dense `(d, d)` coefficients and clips
+    the new states to +-1e8. Runs exactly `iterations` iterations (no tolerance), so
+    that time per iteration can be compared."""
+    step = lambda h, x: cell(x, h)
+    jac = jax.vmap(jax.jacfwd(step))
+
+    def combine(earlier, later):
+        a1, b1 = earlier
+        a2, b2 = later
+        return a2 @ a1, jnp.einsum("...ij,...j->...i", a2, b1) + b2
+
+    def iteration(_, hs):
+        prev = jnp.concatenate([h0[None], hs[:-1]])
+        a = jac(prev, xs)
+        b = jax.vmap(step)(prev, xs) - jnp.einsum("tij,tj->ti", a, prev)
+        b = b.at[0].add(a[0] @ h0)  # h[-1] = h0 is known: fold it into b[0]
+        a = a.at[0].set(0)
+        _, new = lax.associative_scan(combine, (a, b))
+        return jnp.nan_to_num(jnp.clip(new, -1e8, 1e8))
+
+    hs = jnp.broadcast_to(h0, (xs.shape[0], h0.shape[0]))
+    return lax.fori_loop(0, iterations, iteration, hs)
+
+
 # --------------------------------------------------------------------------------------
 # The seed scenario: Elman width -> width over a batch, gradient of sum(hs) wrt the cell.
 # --------------------------------------------------------------------------------------

@@ -1,15 +1,24 @@
-"""The implicit adjoint of the shooting solvers.
+"""The implicit derivatives of the shooting solvers, forward and reverse.
 
-At the solution the chunk starts are a fixed point `s[k+1] = F_k(s[k]; theta, x_k)`. The
-backward pass never differentiates through the iterations. With `ct_k` the cotangent of
-chunk k's states, it solves the transposed boundary recurrence
+At the solution the chunk starts are a fixed point `s[k+1] = F_k(s[k]; theta, x_k)`, and
+the states are every chunk run from its start. Neither mode ever differentiates through
+the iterations:
 
-    mu[k] = c[k] + J_k^T mu[k+1],   c[k] = (d hs_k / d s_k)^T ct_k,   J_k = d F_k / d s_k,
+- forward (`_tangent`): the starts' tangent solves `s_dot[k+1] = J_k s_dot[k] + u[k]`,
+  `s_dot[0] = h0_dot` (`J_k = dF_k/ds`, `u[k]` chunk k's end tangent from the parameters
+  and inputs), then the chunk runs' JVP gives the states' tangent;
+- reverse (`_cotangent`): with `ct_k` the cotangent of chunk k's states, it solves the
+  transposed recurrence `mu[k] = c[k] + J_k^T mu[k+1]`, `c[k] = (d hs_k/d s_k)^T ct_k`,
+  then one VJP of the chunk runs (end cotangents `mu[k+1]`) gives the cotangents of the
+  parameters and inputs, and `mu[0]` that of `h0`.
 
-a reverse-time dense linear recurrence over the K chunks (`pscan.linear_recurrence`,
-split over devices with the solver's `axis_name`), then takes one vectorised VJP per
-chunk whose end state's cotangent is `mu[k+1]`; that gives the cotangents of the
-parameters and the inputs, and `mu[0]` is the cotangent of `h0`.
+Both boundary recurrences are solved as the solver's forward pass solved its own
+(`solver._linearise`): dense chunk Jacobians at once with `pscan.linear_recurrence`,
+diagonal ones as a preconditioner of an iteration, none (Picard) by iterating products
+with `J` alone; an iteration that does not converge falls back to an exact sweep over
+the chunks. `_run` is a `custom_jvp` whose tangent is `_tangent`, handed to
+`lax.custom_linear_solve` together with `_cotangent` as its transpose: reverse mode
+saves only the inputs and the chunk starts and recomputes in the backward pass.
 """
 
 import equinox as eqx
@@ -18,7 +27,13 @@ import jax.lax as lax
 import jax.numpy as jnp
 from jaxtyping import Array, PyTree
 
-from .._axis import cotangent_like, everywhere, shift_backward
+from .._axis import (
+    everywhere,
+    shift_backward,
+    shift_forward,
+    varies,
+    varying,
+)
 from .._chunking import from_chunks, to_chunks
 from .._linear import linear_recurrence
 from .._solution import RESULTS
@@ -92,36 +107,136 @@ def _run_chunks(inputs, static, solver, starts, fell_back):
     return lax.cond(fell_back, sequential, chunked)
 
 
-@eqx.filter_custom_vjp
+@eqx.filter_custom_jvp
 def _run(inputs, static, solver, starts, fell_back):
     """The states `(T, d)` from the (converged) chunk starts."""
     return _run_chunks(inputs, static, solver, starts, fell_back)[0]
 
 
-@_run.def_fwd
-def _run_fwd(perturbed, inputs, static, solver, starts, fell_back):
-    del perturbed
-    return _run_chunks(inputs, static, solver, starts, fell_back)
+@_run.def_jvp
+def _run_jvp(primals, tangents):
+    """The implicit tangent, a linear map of the inputs' tangents whose transpose is
+    the implicit adjoint. `lax.custom_linear_solve` carries the pair: with the
+    identity as its matrix it is "a linear map with its own transpose" that JAX can
+    batch, transpose and lower anywhere; reverse mode saves only the inputs and the
+    chunk starts, and recomputes in the backward pass."""
+    inputs, static, solver, starts, fell_back = primals
+    hs, starts = _run_chunks(inputs, static, solver, starts, fell_back)
+    t_inputs = tangents[0]  # None where the tangent is a symbolic zero
+    is_none = lambda t: t is None
+    # every operand of `custom_linear_solve` must be linear in the tangents, the
+    # placeholder for the states' tangent too: zero times one tangent
+    first = jax.tree_util.tree_leaves(t_inputs)[0]
+    placeholder = jnp.zeros_like(hs) + (0 * jnp.sum(first)).real.astype(hs.dtype)
+
+    # `custom_linear_solve` traces both maps now and runs them later: inside
+    # `shard_map` (variance checks on) the residuals they close over are then typed
+    # as varying across the devices, so they are traced that way
+    if solver.axis_name is not None:
+        inputs = jax.tree_util.tree_map(lambda x: _varying(x, solver.axis_name), inputs)
+    # `custom_linear_solve` would differentiate its maps as if they were an inverse
+    # (through the matrix only): a second derivative would silently miss terms
+    inputs, starts = jax.tree_util.tree_map(_first_order_only, (inputs, starts))
+
+    def forward(_, b):
+        zeros = lambda t, x: (
+            jnp.zeros_like(x) if is_none(t) and eqx.is_inexact_array(x) else t
+        )
+        t = jax.tree_util.tree_map(zeros, b[0], inputs, is_leaf=is_none)
+        t_hs = _tangent(inputs, static, solver, starts, t)
+        return jax.tree_util.tree_map(jnp.zeros_like, b[0]), t_hs
+
+    def transpose(_, ct):
+        ct_inputs = _cotangent(inputs, static, solver, starts, ct[1])
+        keep = lambda t, c: None if is_none(t) else c
+        ct_inputs = jax.tree_util.tree_map(keep, t_inputs, ct_inputs, is_leaf=is_none)
+        return ct_inputs, jnp.zeros_like(ct[1])
+
+    b = (t_inputs, placeholder)
+    _, t_hs = lax.custom_linear_solve(lambda v: v, b, forward, transpose)
+    return hs, t_hs
 
 
-@_run.def_bwd
-def _run_bwd(starts, ct_hs, perturbed, inputs, static, solver, _, fell_back):
-    del perturbed, fell_back
+def _split_xs(xs_chunks):
+    """`(floating, rest)`: the inputs that have tangents, and the others."""
+    return eqx.partition(xs_chunks, eqx.is_inexact_array)
+
+
+def _runs(inputs, static, rest, emit=True):
+    """`runs(params, starts, xs)`: every chunk from its start, vectorised, the
+    parameters unbatched (so that their tangents and cotangents are summed over the
+    chunks inside one product, never copied per chunk)."""
+
+    def runs(params, starts, floating):
+        xs_chunks = eqx.combine(floating, rest)
+        one = lambda s, xs_k: _problem(inputs, static, params).scan(s, xs_k, emit=emit)
+        return jax.vmap(one)(starts, xs_chunks)
+
+    return runs
+
+
+def _tangent(inputs, static, solver, starts, t):
+    """The tangent of the states for tangents `t` (an `_Inputs`) of the inputs:
+    `s_dot[k+1] = J_k s_dot[k] + u[k]`, `s_dot[0] = t.h0`, with `u[k]` chunk k's end
+    tangent from the parameters and inputs alone; then the chunk runs' tangent."""
+    problem = _problem(inputs, static)
+    c = solver.chunk_size
+    floating, rest = _split_xs(chunk_xs(problem, c))
+    zero = jax.tree_util.tree_map(lambda x: jnp.zeros((), x.dtype), t.xs)
+    t_floating = to_chunks(t.xs, c, fill=zero)
+    ends = _runs(inputs, static, rest, emit=False)
+    primal = (inputs.params, starts, floating)
+    # `push(m)[k] = u[k] + J_k m[k]`
+    push = lambda m: jax.jvp(lambda *a: ends(*a)[1], primal, (t.params, m, t_floating))[
+        1
+    ]
+
+    def push_one(m, chunk):  # one chunk's `push`, for the exact sweep
+        s, floating_k, rest_k, t_k = chunk
+
+        def end(p, s, x):
+            xs_k = eqx.combine(x, rest_k)
+            return _problem(inputs, static, p).scan(s, xs_k, emit=False)[1]
+
+        return jax.jvp(end, (inputs.params, s, floating_k), (t.params, m, t_k))[1]
+
+    chunks = (starts, floating, rest, t_floating)
+    s_dot = tangent_starts(solver, problem, push, push_one, t.h0, chunks)
+    runs = lambda *a: _runs(inputs, static, rest)(*a)[0]
+    hs_dot = jax.jvp(runs, primal, (t.params, s_dot, t_floating))[1]
+    return from_chunks(hs_dot, problem.length)
+
+
+@jax.custom_jvp
+def _first_order_only(x):
+    return x
+
+
+@_first_order_only.defjvp
+def _first_order_only_jvp(primals, tangents):
+    raise NotImplementedError(
+        "pscan: derivatives of second order (and higher) through `Picard` and `Newton` "
+        "are not implemented; use `pscan.Sequential` for them"
+    )
+
+
+def _varying(x, axis_name):
+    if not eqx.is_array(x) or varies(x, axis_name):
+        return x
+    return varying(x, axis_name)
+
+
+def _cotangent(inputs, static, solver, starts, ct_hs):
+    """The implicit adjoint: the cotangents (an `_Inputs`) of the inputs for the
+    cotangent `ct_hs` of the states. (Across devices, the cotangent of a replicated
+    input is summed over them by JAX's transposition of the `custom_linear_solve`.)"""
     problem = _problem(inputs, static)
     c = solver.chunk_size
     xs_chunks = chunk_xs(problem, c)
-    if ct_hs is None:
-        ct_hs = jnp.zeros((problem.length, *problem.h0.shape), problem.h0.dtype)
+    floating, rest = _split_xs(xs_chunks)
     ct_chunks = to_chunks(ct_hs, c, fill=jnp.zeros_like(ct_hs[0]))
-
-    def runs(params, starts, xs_chunks):
-        one = lambda s, xs_k: _problem(inputs, static, params).scan(s, xs_k)
-        return jax.vmap(one)(starts, xs_chunks)
-
     # one linearisation of every chunk run, its residuals shared by every product
-    # below; the parameters enter unbatched, so their cotangent is summed over the
-    # chunks inside each product (never a per-chunk copy of the parameters)
-    _, vjp = jax.vjp(runs, inputs.params, starts, xs_chunks)
+    _, vjp = jax.vjp(_runs(inputs, static, rest), inputs.params, starts, floating)
     # `pull(m)[1][k] = c[k] + J_k^T m[k]`, with `c[k] = (d hs_k / d s_k)^T ct_k`
     pull = lambda m: vjp((ct_chunks, m))
     mu = adjoint_starts(
@@ -130,14 +245,44 @@ def _run_bwd(starts, ct_hs, perturbed, inputs, static, solver, _, fell_back):
     ct_params, _, ct_xs = pull(shift_backward(mu, solver.axis_name))
     ct_xs = from_chunks(ct_xs, problem.length)
     ct_h0 = mu[0]
-    axis = solver.axis_name
-    if axis is not None:  # h0 enters on the first device only
-        ct_h0 = jnp.where(lax.axis_index(axis) == 0, ct_h0, 0)
-        ct_h0 = cotangent_like(ct_h0, inputs.h0, axis)
-        ct_params = jax.tree_util.tree_map(
-            lambda g, p: cotangent_like(g, p, axis), ct_params, inputs.params
-        )
+    if solver.axis_name is not None:  # h0 enters on the first device only
+        ct_h0 = jnp.where(lax.axis_index(solver.axis_name) == 0, ct_h0, 0)
     return _Inputs(ct_params, ct_xs, ct_h0)
+
+
+def tangent_starts(solver, problem, push, push_one, t_h0, chunks) -> Array:
+    """`s_dot` with `s_dot[0] = t_h0`, `s_dot[k+1] = push(s_dot)[k]`, where
+    `push(m)[k] = u[k] + J_k m[k]`: the forward twin of `adjoint_starts` (same
+    Jacobians, iteration and exact sweep, in forward time). `chunks` is
+    `(starts, floating inputs, other inputs, their tangents)`, chunk by chunk;
+    `push_one(m, chunk)` is one chunk's `push`."""
+    axis = solver.axis_name
+    starts, floating, rest = chunks[:3]
+    shift = lambda e: shift_forward(e, t_h0, axis)
+    end = lambda s, xs_k: chunk_end(problem, s, xs_k)
+    jac = solver._linearise(end, starts, eqx.combine(floating, rest))
+    if jac is not None and jac.ndim == 3:  # dense: the exact recurrence at once
+        return shift(
+            linear_recurrence(jac, push(jnp.zeros_like(starts)), t_h0, axis_name=axis)
+        )
+    sweep = lambda m: shift(push(m))
+    if jac is not None:  # quasi-Newton: m[k] = r[k] + D_{k-1} m[k-1] solved exactly
+        zero = jnp.zeros_like(starts)
+        a = shift_forward(jac, zero[0], axis)
+        solve = lambda r: linear_recurrence(a, r, zero[0], axis_name=axis)
+        sweep = lambda m: m + solve(shift(push(m)) - m)
+    s_dot, converged = _iterate_linear(solver, sweep, starts)
+
+    def exact():  # chunk after chunk; across devices, one round per device
+        step = lambda m, chunk: (push_one(m, chunk), m)
+        local = lambda incoming: lax.scan(step, incoming, chunks)
+        if axis is None:
+            return local(t_h0)[1]
+        incoming = lambda last: shift_forward(last[None], t_h0, axis)[0]
+        rounds = lambda _, carry: local(incoming(carry[0]))
+        return lax.fori_loop(0, lax.psum(1, axis), rounds, local(t_h0))[1]
+
+    return lax.cond(converged, lambda: s_dot, exact)
 
 
 def adjoint_starts(solver, problem, pull, starts, xs_chunks, ct_chunks) -> Array:
@@ -165,7 +310,7 @@ def adjoint_starts(solver, problem, pull, starts, xs_chunks, ct_chunks) -> Array
         sweep = lambda mu: pull(shift(mu))
     else:  # quasi-Newton: the diagonal part solved exactly, the rest iterated
         sweep = lambda mu: mu + solve(pull(shift(mu)) - mu)
-    mu, converged = _iterate_adjoint(solver, sweep, starts)
+    mu, converged = _iterate_linear(solver, sweep, starts)
     return lax.cond(
         converged,
         lambda: mu,
@@ -173,9 +318,10 @@ def adjoint_starts(solver, problem, pull, starts, xs_chunks, ct_chunks) -> Array
     )
 
 
-def _iterate_adjoint(solver, sweep, starts):
-    """`sweep` from `mu = 0` until it changes `mu` by at most `atol * max|mu| +
-    rtol * |mu|` (cotangents have no scale of their own): `(mu, converged)`."""
+def _iterate_linear(solver, sweep, starts):
+    """`sweep` from zero until it changes its value `mu` by at most `atol * max|mu| +
+    rtol * |mu|` (tangents and cotangents have no scale of their own):
+    `(mu, converged)`."""
     axis = solver.axis_name
 
     def cond(carry):

@@ -41,7 +41,9 @@ def recurrence(
     recurrence over chunk boundaries as the forward solved its own (dense Jacobians at
     once with `pscan.linear_recurrence`; diagonal ones as a preconditioner; Picard by
     vector-Jacobian products alone, with an exact sweep over the chunks if that
-    iteration does not converge).
+    iteration does not converge). Forward mode (`jax.jvp`, `jax.jacfwd`) is implicit
+    the same way, the same recurrence solved in forward time. Second derivatives
+    through `Picard` and `Newton` raise `NotImplementedError`.
 
     **Arguments:**
 

@@ -234,13 +234,26 @@ def _chunked(a, b, h0, *, reverse: bool, dense: bool, chunk_size: int):
 
 
 def _solve(a, b, h0, *, reverse, method, chunk_size, dense):
+    sequential = lambda: _sequential(a, b, h0, reverse=reverse, dense=dense)
     if method == "sequential":
-        return _sequential(a, b, h0, reverse=reverse, dense=dense)
+        return sequential()
     elif method == "associative":
-        return _associative(a, b, h0, reverse=reverse, dense=dense)
+        hs = _associative(a, b, h0, reverse=reverse, dense=dense)
     elif method == "chunked":
-        return _chunked(a, b, h0, reverse=reverse, dense=dense, chunk_size=chunk_size)
-    raise AssertionError(method)
+        hs = _chunked(a, b, h0, reverse=reverse, dense=dense, chunk_size=chunk_size)
+    else:
+        raise AssertionError(method)
+    if not dense:  # overflowed elementwise coefficients are guarded in `_carry`
+        return hs
+    # A parallel method composes coefficients the loop never forms; with |a| > 1 they
+    # overflow, and a product of overflowed matrices is NaN (inf * 0) where the loop's
+    # states may be finite: NaN from finite inputs is recomputed by the loop itself
+    # (a dense `a` is Newton's small boundary system, or a user's (d, d) coefficients;
+    # the check costs one pass over `hs`, and the unused branch its buffers)
+    finite = (
+        jnp.all(jnp.isfinite(a)) & jnp.all(jnp.isfinite(b)) & jnp.all(jnp.isfinite(h0))
+    )
+    return lax.cond(jnp.any(jnp.isnan(hs)) & finite, sequential, lambda: hs)
 
 
 # --------------------------------------------------------------------------------------

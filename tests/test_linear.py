@@ -469,3 +469,15 @@ def test_growing_coefficients_never_nan_where_sequential_is_finite(method, a, b)
     assert not np.isnan(hs[finite]).any()
     np.testing.assert_allclose(hs[finite], ref[finite], rtol=1e-4)
     np.testing.assert_array_equal(hs[~finite], ref[~finite])
+
+
+@pytest.mark.parametrize("method", ["chunked", "associative"])
+def test_growing_dense_coefficients_never_nan_where_sequential_is_finite(method):
+    """Dense `a = diag(2, 0.5)`, `b = (0, 1)`: the states stay finite, but products of
+    composed coefficients overflow and meet zeros (inf * 0 inside the matmul)."""
+    a = jnp.broadcast_to(jnp.diag(jnp.array([2.0, 0.5], jnp.float32)), (300, 2, 2))
+    b = jnp.broadcast_to(jnp.array([0.0, 1.0], jnp.float32), (300, 2))
+    ref = np.asarray(pscan.linear_recurrence(a, b, method="sequential"))
+    assert np.isfinite(ref).all()
+    hs = np.asarray(pscan.linear_recurrence(a, b, **_kwargs(method, 8)))
+    np.testing.assert_allclose(hs, ref, rtol=1e-5)

@@ -535,3 +535,9 @@ def test_complex_states(solver):
     gx_ref = jax.grad(loss(scan_cell), argnums=(1, 2))(cell, xs, h0)
     assert_allclose(gx[0], gx_ref[0])
     assert_allclose(gx[1], gx_ref[1])
+    # forward mode: a complex tangent of h0, a real one of xs
+    run = lambda xs, h0: pscan.recurrence(cell, xs, h0, solver=solver).hs
+    tangents = (jnp.cos(xs), jnp.array([1.0, 1j, 0.5 - 0.5j]))
+    t = jax.jvp(run, (xs, h0), tangents)[1]
+    t_ref = jax.jvp(lambda xs, h0: scan_cell(cell, xs, h0), (xs, h0), tangents)[1]
+    assert_allclose(t, t_ref)

@@ -4,6 +4,7 @@ the same run (this is what docs/benchmarks.md quotes).
     python asv_bench/tables.py linear     # linear recurrence, T = 524288, d = 32
     python asv_bench/tables.py solvers    # GRU 1 -> 32, T = 65536, every solver
     python asv_bench/tables.py deer       # Newton(chunk_size=1) vs reference DEER per iteration
+    python asv_bench/tables.py chaos      # iterations on chaotic AR-GRUs vs reference DEER
     python asv_bench/tables.py gradmem    # gradient memory of the solvers vs lax.scan
     python asv_bench/tables.py seed       # Elman 32 -> 32, batch 16, T = 524288, gradient
     python asv_bench/tables.py sharding   # sharded linear recurrence on 1, 2, 4 host devices
@@ -32,6 +33,7 @@ from benchmarks.measure import (
     temp_mib,
 )
 from benchmarks.scenarios import (
+    ar_gru_problem,
     deer_reference,
     elman_problem,
     gru_problem,
@@ -178,6 +180,51 @@ def deer(args):
             ]
         )
     _table(header, rows)
+
+
+def chaos(args):
+    """Iterations to converge on chaotic autoregressive GRUs (float32), every solver
+    stopping when no state moved by more than `atol` (pscan: `rtol=0`)."""
+    tol = dict(rtol=0.0, atol=args.atol, max_iters=args.length + 1)
+    solvers = {
+        "Newton() = DEER": pscan.Newton(**tol),
+        "Newton(diagonal) = quasi-DEER": pscan.Newton(jacobian="diagonal", **tol),
+        "Newton(chunk_size=16)": pscan.Newton(chunk_size=16, **tol),
+        "Newton(chunk_size=16, damping=0.5)": pscan.Newton(
+            chunk_size=16, damping=0.5, **tol
+        ),
+    }
+    print(f"# T = {args.length}, float32, atol {args.atol}, jax {jax.__version__}")
+    header = ["cell (d, gain, readout gain)", "solver", "converged", "iterations"]
+    header += ["max residual |h[t] - cell(x[t], h[t-1])|"]
+    _table(header, [])
+    for config in [(8, 10.0, 3.0, 0), (16, 5.0, 5.0, 1)]:
+        _chaos_rows(args, solvers, config)
+
+
+def _chaos_rows(args, solvers, config):
+    cell, xs, h0 = ar_gru_problem(args.length, *config)
+    name = f"AR-GRU {config[:3]}"
+
+    def residual(hs):
+        prev = jnp.concatenate([h0[None], hs[:-1]])
+        return f"{float(jnp.max(jnp.abs(hs - jax.vmap(cell)(xs, prev)))):.1e}"
+
+    run = lambda c, xs: deer_reference(c, xs, h0, args.length + 1, args.atol)
+    hs, it = jax.jit(run)(cell, xs)
+    row = [
+        name,
+        "reference DEER (seq1d)",
+        int(it) <= args.length,
+        int(it),
+        residual(hs),
+    ]
+    print("| " + " | ".join(map(str, row)) + " |", flush=True)
+    for label, solver in solvers.items():
+        sol = eqx.filter_jit(pscan.recurrence)(cell, xs, h0, solver=solver, throw=False)
+        ok = bool(sol.result == pscan.RESULTS.successful)
+        row = [name, label, ok, int(sol.stats["num_iterations"]), residual(sol.hs)]
+        print("| " + " | ".join(map(str, row)) + " |", flush=True)
 
 
 def gradmem(args):
@@ -398,6 +445,9 @@ def main():
     p.add_argument("--hidden", type=int, default=32)
     p.add_argument("--iterations", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3)
+    p = sub.add_parser("chaos", help="iterations on chaotic AR-GRUs vs reference DEER")
+    p.add_argument("--length", type=int, default=2000)
+    p.add_argument("--atol", type=float, default=1e-5)
     p = sub.add_parser("gradmem", help="gradient memory of the solvers vs lax.scan")
     p.add_argument("--sizes", default="16384x128,524288x32", help="TxD,TxD,...")
     p.add_argument("--chunk", type=int, default=128)
@@ -424,7 +474,7 @@ def main():
         p.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     commands = {"linear": linear, "solvers": solvers, "seed": seed, "gradmem": gradmem}
-    commands.update(warmstart=warmstart, sharding=sharding, deer=deer)
+    commands.update(warmstart=warmstart, sharding=sharding, deer=deer, chaos=chaos)
     commands[args.what](args)
 
 

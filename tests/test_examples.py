@@ -143,6 +143,21 @@ ROOT = pathlib.Path(__file__).parent.parent
             ["sharding", "--length", "64", "--repeats", "1", "--devices", "1,2"],
             "| 2 | ",
         ),
+        (
+            "asv_bench/tables.py",
+            ["deer", "--length", "64", "--hidden", "4", "--repeats", "1"],
+            "| pscan Newton(chunk_size=1) | ",
+        ),
+        (
+            "asv_bench/tables.py",
+            ["gradmem", "--sizes", "64x4", "--chunk", "8"],
+            "| 64 | 4 | Newton(diagonal) = quasi-DEER | ",
+        ),
+        (
+            "asv_bench/tables.py",
+            ["chaos", "--length", "48"],
+            "| AR-GRU (16, 5.0, 5.0) | Newton(chunk_size=16) | True | ",
+        ),
     ],
 )
 def test_script_runs(script, args, expect, tmp_path):

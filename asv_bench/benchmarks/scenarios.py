@@ -97,12 +97,14 @@ def solver_programs(solver, h0):
     }
 
 
-def deer_reference(cell, xs, h0, iterations):
+def deer_reference(cell, xs, h0, iterations, atol=None):
     """DEER as its authors' `seq1d` runs it (Lim et al. 2024), for comparison: every
     iteration takes `vmap(jacfwd(cell))` at the shifted states, solves the linearised
     recurrence with `lax.associative_scan` over dense `(d, d)` coefficients and clips
-    the new states to +-1e8. Runs exactly `iterations` iterations (no tolerance), so
-    that time per iteration can be compared."""
+    the new states to +-1e8. Without `atol`, runs exactly `iterations` iterations (to
+    compare time per iteration) and returns the states; with it, stops when no state
+    moved by more than `atol` (at most `iterations`) and returns
+    `(states, iterations run)`."""
     step = lambda h, x: cell(x, h)
     jac = jax.vmap(jax.jacfwd(step))
 
@@ -111,7 +113,7 @@ def deer_reference(cell, xs, h0, iterations):
         a2, b2 = later
         return a2 @ a1, jnp.einsum("...ij,...j->...i", a2, b1) + b2
 
-    def iteration(_, hs):
+    def iteration(hs):
         prev = jnp.concatenate([h0[None], hs[:-1]])
         a = jac(prev, xs)
         b = jax.vmap(step)(prev, xs) - jnp.einsum("tij,tj->ti", a, prev)
@@ -121,7 +123,45 @@ def deer_reference(cell, xs, h0, iterations):
         return jnp.nan_to_num(jnp.clip(new, -1e8, 1e8))
 
     hs = jnp.broadcast_to(h0, (xs.shape[0], h0.shape[0]))
-    return lax.fori_loop(0, iterations, iteration, hs)
+    if atol is None:
+        return lax.fori_loop(0, iterations, lambda _, hs: iteration(hs), hs)
+
+    def body(carry):
+        hs, it, _ = carry
+        new = iteration(hs)
+        return new, it + 1, jnp.max(jnp.abs(new - hs))
+
+    def cond(carry):
+        return (carry[1] < iterations) & (carry[2] > atol)
+
+    hs, it, _ = lax.while_loop(cond, body, (hs, 0, jnp.array(jnp.inf, hs.dtype)))
+    return hs, it
+
+
+class ARGRU(eqx.Module):
+    """A chaotic autoregressive GRU (as in the ELK paper's set-up): the readout of the
+    state is fed back as the next input, plus a small drive `x`; `gain` scales the
+    recurrent weights."""
+
+    gru: eqx.nn.GRUCell
+    readout: jax.Array
+
+    def __init__(self, hidden, gain, readout_gain, key, dtype=jnp.float32):
+        k1, k2 = jax.random.split(key)
+        gru = eqx.nn.GRUCell(1, hidden, key=k1, dtype=dtype)
+        self.gru = eqx.tree_at(lambda g: g.weight_hh, gru, gru.weight_hh * gain)
+        scale = readout_gain / hidden**0.5
+        self.readout = scale * jax.random.normal(k2, (hidden,), dtype)
+
+    def __call__(self, x, h):
+        return self.gru(jnp.reshape(self.readout @ h + x, (1,)), h)
+
+
+def ar_gru_problem(length, hidden, gain, readout_gain, seed, dtype=jnp.float32):
+    """`(cell, xs, h0)` of a chaotic autoregressive GRU driven by small noise."""
+    cell = ARGRU(hidden, gain, readout_gain, jax.random.PRNGKey(seed), dtype)
+    xs = 0.01 * jax.random.normal(jax.random.PRNGKey(9), (length, 1), dtype)
+    return cell, xs, jnp.zeros(hidden, dtype)
 
 
 # --------------------------------------------------------------------------------------

@@ -47,11 +47,16 @@ from benchmarks.scenarios import (
 import pscan
 
 
+def _row(row):
+    """One markdown table row, printed at once (tables that take long stream rows)."""
+    print("| " + " | ".join(str(x) for x in row) + " |", flush=True)
+
+
 def _table(header, rows):
-    print("| " + " | ".join(header) + " |")
+    _row(header)
     print("|" + "---|" * len(header))
     for row in rows:
-        print("| " + " | ".join(str(x) for x in row) + " |", flush=True)
+        _row(row)
 
 
 def _child_args(args, *names):
@@ -212,19 +217,13 @@ def _chaos_rows(args, solvers, config):
 
     run = lambda c, xs: deer_reference(c, xs, h0, args.length + 1, args.atol)
     hs, it = jax.jit(run)(cell, xs)
-    row = [
-        name,
-        "reference DEER (seq1d)",
-        int(it) <= args.length,
-        int(it),
-        residual(hs),
-    ]
-    print("| " + " | ".join(map(str, row)) + " |", flush=True)
+    _row(
+        [name, "reference DEER (seq1d)", int(it) <= args.length, int(it), residual(hs)]
+    )
     for label, solver in solvers.items():
         sol = eqx.filter_jit(pscan.recurrence)(cell, xs, h0, solver=solver, throw=False)
         ok = bool(sol.result == pscan.RESULTS.successful)
-        row = [name, label, ok, int(sol.stats["num_iterations"]), residual(sol.hs)]
-        print("| " + " | ".join(map(str, row)) + " |", flush=True)
+        _row([name, label, ok, int(sol.stats["num_iterations"]), residual(sol.hs)])
 
 
 def gradmem(args):
@@ -249,13 +248,21 @@ def gradmem(args):
         base = None
         for name, solver in candidates.items():
             p = solver_programs(solver, h0)
-            temps = [
+            fwd, grad = (
                 temp_mib(jax.jit(p[k]).lower(cell, xs).compile())
                 for k in ("fwd", "grad")
-            ]
-            base = temps[1] if base is None else base
-            row = [length, hidden, name, f"{temps[0]:.1f}", f"{temps[1]:.1f}"]
-            print("| " + " | ".join(map(str, row + [f"{temps[1] / base:.2f}x"])) + " |")
+            )
+            base = grad if base is None else base
+            _row(
+                [
+                    length,
+                    hidden,
+                    name,
+                    f"{fwd:.1f}",
+                    f"{grad:.1f}",
+                    f"{grad / base:.2f}x",
+                ]
+            )
 
 
 def seed(args):

@@ -184,12 +184,11 @@ def _tangent(inputs, static, solver, starts, t):
     floating, rest = _split_xs(chunk_xs(problem, c))
     zero = jax.tree_util.tree_map(lambda x: jnp.zeros((), x.dtype), t.xs)
     t_floating = to_chunks(t.xs, c, fill=zero)
-    ends = _runs(inputs, static, rest, emit=False)
+    runs_to_end = _runs(inputs, static, rest, emit=False)
+    ends = lambda *args: runs_to_end(*args)[1]
     primal = (inputs.params, starts, floating)
     # `push(m)[k] = u[k] + J_k m[k]`
-    push = lambda m: jax.jvp(lambda *a: ends(*a)[1], primal, (t.params, m, t_floating))[
-        1
-    ]
+    push = lambda m: jax.jvp(ends, primal, (t.params, m, t_floating))[1]
 
     def push_one(m, chunk):  # one chunk's `push`, for the exact sweep
         s, floating_k, rest_k, t_k = chunk

@@ -36,8 +36,7 @@ from .._axis import (
 )
 from .._chunking import from_chunks, to_chunks
 from .._linear import linear_recurrence
-from .._solution import RESULTS
-from ._base import Problem, chunk_xs
+from ._base import Problem, chunk_xs, finite_result
 from ._iterate import chunk_end, run_chunks, scaled_change, shooting_forward
 
 
@@ -84,9 +83,8 @@ def shooting_solve(solver, problem: Problem):
     inputs = _Inputs(params, problem.xs, problem.h0)
     static = _Static(problem.step, problem.project, static_params)
     hs = _run(inputs, static, solver, starts, stats["fell_back"])
-    if solver.fallback is not None:
-        finite = jnp.all(jnp.isfinite(lax.stop_gradient(hs)))
-        result = RESULTS.where(finite, RESULTS.successful, RESULTS.nonfinite)
+    if solver.fallback is not None:  # the states it returns are the answer
+        _, result = finite_result(hs)
     return hs, result, stats
 
 

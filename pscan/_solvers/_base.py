@@ -7,6 +7,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.lax as lax
+import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, PyTree
 
@@ -114,6 +115,13 @@ class AbstractSolver(eqx.Module):
         statistics that `pscan.Solution.stats` documents. Gradients of `hs` must be
         exact: either `solve` is differentiable as written, or it defines its own rule.
         """
+
+
+def finite_result(hs: Array) -> tuple[Array, RESULTS]:
+    """`(finite, result)` for states that are the answer as they stand: the one rule
+    of every solver, `successful` when all states are finite, `nonfinite` if not."""
+    finite = jnp.all(jnp.isfinite(lax.stop_gradient(hs)))
+    return finite, RESULTS.where(finite, RESULTS.successful, RESULTS.nonfinite)
 
 
 def as_python(value):

@@ -4,8 +4,13 @@ import jax.lax as lax
 import jax.numpy as jnp
 
 from .._chunking import from_chunks
-from .._solution import RESULTS
-from ._base import AbstractSolver, as_python, check_positive_int, chunk_xs
+from ._base import (
+    AbstractSolver,
+    as_python,
+    check_positive_int,
+    chunk_xs,
+    finite_result,
+)
 
 
 class Sequential(AbstractSolver):
@@ -49,12 +54,11 @@ class Sequential(AbstractSolver):
             k = jax.tree_util.tree_leaves(xs_chunks)[0].shape[0]
             hs = lax.scan(chunk, problem.h0, jnp.arange(k))[1]
             hs = from_chunks(hs, problem.length)
-        # one rule for every solver: non-finite states are flagged (and raise with
-        # `throw=True`)
-        finite = jnp.all(jnp.isfinite(lax.stop_gradient(hs)))
+        # non-finite states are flagged (and raise with `throw=True`)
+        finite, result = finite_result(hs)
         stats = {
             "num_iterations": jnp.array(0),
             "max_residual": jnp.where(finite, 0.0, jnp.inf).astype(hs.real.dtype),
             "fell_back": jnp.array(False),
         }
-        return hs, RESULTS.where(finite, RESULTS.successful, RESULTS.nonfinite), stats
+        return hs, result, stats

@@ -228,23 +228,51 @@ def _cotangent(inputs, static, solver, starts, ct_hs):
     cotangent `ct_hs` of the states. (Across devices, the cotangent of a replicated
     input is summed over them by JAX's transposition of the `custom_linear_solve`.)"""
     problem = _problem(inputs, static)
+    axis = solver.axis_name
     c = solver.chunk_size
     xs_chunks = chunk_xs(problem, c)
     floating, rest = _split_xs(xs_chunks)
     ct_chunks = to_chunks(ct_hs, c, fill=jnp.zeros_like(ct_hs[0]))
-    # one linearisation of every chunk run, its residuals shared by every product
-    _, vjp = jax.vjp(_runs(inputs, static, rest), inputs.params, starts, floating)
-    # `pull(m)[1][k] = c[k] + J_k^T m[k]`, with `c[k] = (d hs_k / d s_k)^T ct_k`
-    pull = lambda m: vjp((ct_chunks, m))
-    mu = adjoint_starts(
-        solver, problem, lambda m: pull(m)[1], starts, xs_chunks, ct_chunks
-    )
-    ct_params, _, ct_xs = pull(shift_backward(mu, solver.axis_name))
+    primal = (inputs.params, starts, floating)
+    # dense Jacobians give `mu` before the chunk runs are linearised: the K
+    # Jacobians and the runs' residuals are never alive together
+    dense = solver._jacobian == "dense"
+    if dense:
+        mu = dense_adjoint_starts(solver, problem, starts, xs_chunks, ct_chunks)
+
+    def linearised():
+        # one linearisation of every chunk run, its residuals shared by every product:
+        # `pull(m)[1][k] = c[k] + J_k^T m[k]`, with `c[k] = (d hs_k / d s_k)^T ct_k`
+        _, vjp = jax.vjp(_runs(inputs, static, rest), *primal)
+        pull = lambda m: vjp((ct_chunks, m))
+        m = (
+            mu
+            if dense
+            else adjoint_starts(
+                solver, problem, lambda m: pull(m)[1], starts, xs_chunks, ct_chunks
+            )
+        )
+        ct_params, _, ct_xs = pull(shift_backward(m, axis))
+        return ct_params, ct_xs, m[0]
+
+    # A conditional on what the linearisation needs (the converged chunk starts, or
+    # `mu`) keeps XLA from allocating its residuals before the forward pass (or the
+    # dense solve) is over: the peak is then the larger of the two, not their sum.
+    # Without finite starts (or `mu`) there is no derivative: every cotangent is NaN.
+    ready = _all_finite(mu if dense else starts, axis)
+    nan = lambda x: jnp.zeros_like(x) + jnp.nan
+    unknown = lambda: jax.tree_util.tree_map(nan, (primal[0], primal[2], starts[0]))
+    ct_params, ct_xs, ct_h0 = lax.cond(ready, linearised, unknown)
     ct_xs = from_chunks(ct_xs, problem.length)
-    ct_h0 = mu[0]
-    if solver.axis_name is not None:  # h0 enters on the first device only
-        ct_h0 = jnp.where(lax.axis_index(solver.axis_name) == 0, ct_h0, 0)
+    if axis is not None:  # h0 enters on the first device only
+        ct_h0 = jnp.where(lax.axis_index(axis) == 0, ct_h0, 0)
     return _Inputs(ct_params, ct_xs, ct_h0)
+
+
+def _all_finite(x, axis):
+    """Whether every entry of `x` is finite, on every device."""
+    finite = jnp.all(jnp.isfinite(x)).astype(jnp.int32)
+    return everywhere(finite, axis, lax.pmin) > 0
 
 
 def tangent_starts(solver, problem, push, push_one, t_h0, chunks) -> Array:
@@ -282,30 +310,45 @@ def tangent_starts(solver, problem, push, push_one, t_h0, chunks) -> Array:
     return lax.cond(converged, lambda: s_dot, exact)
 
 
+def dense_adjoint_starts(solver, problem, starts, xs_chunks, ct_chunks) -> Array:
+    """`mu` with `mu[k] = c[k] + J_k^T mu[k+1]` (`mu[K] = 0`) from dense chunk
+    Jacobians, at once. `c[k] = (d hs_k / d s_k)^T ct_chunks[k]` is one more row of
+    the same forward-mode pass: the Jacobian of the chunk's weighted sum of states
+    `sum(ct_k * hs_k)` (accumulated as the chunk runs, never stored)."""
+    axis = solver.axis_name
+
+    def end_and_weighted(s, xs_ct):
+        weighted, end = problem.scan(s, xs_ct[0], weights=xs_ct[1])
+        return end, weighted
+
+    jac, c = solver._linearise(
+        end_and_weighted, starts, (xs_chunks, ct_chunks), transposed=True
+    )
+    if axis is None:  # the last chunk's J multiplies mu[K] = 0
+        jac = jac.at[-1].set(0)
+    return linear_recurrence(jac, c, reverse=True, axis_name=axis)
+
+
 def adjoint_starts(solver, problem, pull, starts, xs_chunks, ct_chunks) -> Array:
-    """`mu` with `mu[k] = c[k] + J_k^T mu[k+1]` (`mu[K] = 0`), where
+    """`mu` with `mu[k] = c[k] + J_k^T mu[k+1]` (`mu[K] = 0`) by iteration, where
     `pull(m)[k] = c[k] + J_k^T m[k]`, `c[k] = (d hs_k / d s_k)^T ct_chunks[k]`.
 
-    How depends on the Jacobians the solver's forward pass used
-    (`solver._linearise`): dense chunk Jacobians give the exact reverse-time linear
-    recurrence at once; diagonal ones precondition an iteration; none (Picard) iterate
-    `mu <- pull(shift(mu))`. The iterations use only `pull` (no Jacobian matrix),
-    stop at the solver's tolerances and fall back to an exact sweep over the chunks
-    when they do not converge in `max_iters`.
+    With the diagonal Jacobians of a quasi-Newton forward pass
+    (`solver._linearise`), the diagonal part is solved exactly and the rest iterated;
+    without (Picard), `mu <- pull(shift(mu))`. The iterations use only `pull` (no
+    Jacobian matrix), stop at the solver's tolerances and fall back to an exact
+    sweep over the chunks when they do not converge in `max_iters`.
     """
     axis = solver.axis_name
     shift = lambda m: shift_backward(m, axis)
     end = lambda s, xs_k: chunk_end(problem, s, xs_k)
     jac = solver._linearise(end, starts, xs_chunks, transposed=True)
-    if jac is not None and axis is None:  # the last chunk's J multiplies mu[K] = 0
-        jac = jac.at[-1].set(0)
-    # m[k] = r[k] + jac[k] m[k+1], m[K] = 0
-    solve = lambda r: linear_recurrence(jac, r, reverse=True, axis_name=axis)
-    if jac is not None and jac.ndim == 3:  # dense: the exact recurrence at once
-        return solve(pull(jnp.zeros_like(starts)))
     if jac is None:
         sweep = lambda mu: pull(shift(mu))
-    else:  # quasi-Newton: the diagonal part solved exactly, the rest iterated
+    else:  # quasi-Newton: m[k] = r[k] + jac[k] m[k+1] solved exactly, the rest iterated
+        if axis is None:  # the last chunk's J multiplies mu[K] = 0
+            jac = jac.at[-1].set(0)
+        solve = lambda r: linear_recurrence(jac, r, reverse=True, axis_name=axis)
         sweep = lambda mu: mu + solve(pull(shift(mu)) - mu)
     mu, converged = _iterate_linear(solver, sweep, starts)
     return lax.cond(

@@ -55,6 +55,7 @@ class Problem(eqx.Module):
         emit: bool = True,
         params: PyTree | None = None,
         unroll: int = 1,
+        weights: Array | None = None,
     ) -> tuple[Array | None, Array]:
         """The exact recurrence over a block of steps, by `lax.scan`.
 
@@ -65,10 +66,14 @@ class Problem(eqx.Module):
         - `emit`: whether to return every state of the block.
         - `params`: parameters to use instead of `self.params` (to differentiate).
         - `unroll`: passed to `lax.scan`.
+        - `weights`: None, or an array like the block's states `(C, d)`: then the first
+            output is `sum(weights * hs)` (the states are never stored: a derivative of
+            it is `(dhs / dh0)^T weights` for one forward-mode product).
 
         **Returns:**
 
-        `(hs, h_final)`: the states `(C, d)` (None unless `emit`) and the last one.
+        `(hs, h_final)`: the states `(C, d)` (None unless `emit`; their weighted sum if
+        `weights` is given) and the last one.
         """
         params = self.params if params is None else params
         if self.project is not None:
@@ -78,7 +83,20 @@ class Problem(eqx.Module):
             # one step (DEER's chunks): no loop, so that derivatives of it (the
             # per-step Jacobians) are plain vectorised ones
             h = self.step(params, jax.tree_util.tree_map(lambda z: z[0], xs), h0)
+            if weights is not None:
+                return jnp.sum(weights[0] * h), h
             return (h[None] if emit else None), h
+
+        if weights is not None:
+
+            def weighted(carry, zw):
+                h, total = carry
+                h = self.step(params, zw[0], h)
+                return (h, total + jnp.sum(zw[1] * h)), None
+
+            zero = jnp.zeros_like(jnp.sum(weights[0] * h0))  # typed like both
+            (h_final, total), _ = lax.scan(weighted, (h0, zero), (xs, weights))
+            return total, h_final
 
         def body(h, z):
             h = self.step(params, z, h)

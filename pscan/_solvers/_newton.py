@@ -27,20 +27,29 @@ def _dense_jacobian(f, s, transposed: bool, groups: int = 8, least: int = 16):
     `least` columns, one group after another: the tangents in flight at once are
     about `d / groups` vectors, not `d` (the temporary memory of the gradient of a
     wide cell), for the price of running `f` itself once per group. Each group is
-    written in place: rows of the transpose if `transposed` (no copy either way)."""
+    written in place: rows of the transpose if `transposed` (no copy either way).
+    `f` may return a pytree: then the Jacobian is a pytree like it, each leaf `(*S, d)`
+    (`(d, *S)` if `transposed`) for an output leaf of shape `S`."""
     d = s.shape[0]
     width = min(d, max(least, -(-d // groups)))
-    axis = 0 if transposed else 1
-    columns = jax.vmap(lambda e: jax.jvp(f, (s,), (e,))[1], out_axes=axis)
+    out_axes = 0 if transposed else -1
+    columns = jax.vmap(lambda e: jax.jvp(f, (s,), (e,))[1], out_axes=out_axes)
 
     def group(i, jac):
         start = jnp.minimum(i * width, d - width)  # the last group may overlap
         eye = jnp.arange(d)[None, :] == start + jnp.arange(width)[:, None]
         basis = eye.astype(s.dtype) + jnp.zeros_like(s)  # typed like `s` in shard_map
-        return lax.dynamic_update_slice_in_dim(jac, columns(basis), start, axis)
+        write = lambda j, c: lax.dynamic_update_slice_in_dim(
+            j, c, start, 0 if transposed else j.ndim - 1
+        )
+        return jax.tree_util.tree_map(write, jac, columns(basis))
 
-    zeros = jnp.zeros((d, d), s.dtype) + jnp.zeros_like(s)
-    return lax.fori_loop(0, -(-d // width), group, zeros)
+    def zeros(out):
+        shape = (d, *out.shape) if transposed else (*out.shape, d)
+        return jnp.zeros(shape, out.dtype) + jnp.zeros_like(s)  # typed like `s`
+
+    init = jax.tree_util.tree_map(zeros, jax.eval_shape(f, s))
+    return lax.fori_loop(0, -(-d // width), group, init)
 
 
 class Newton(AbstractShootingSolver):
@@ -99,6 +108,10 @@ class Newton(AbstractShootingSolver):
         d = self.damping
         if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d < 1:
             raise ValueError(f"pscan.Newton: `damping` must be in [0, 1), got {d!r}")
+
+    @property
+    def _jacobian(self):
+        return self.jacobian
 
     def _linearise(self, chunk_end, starts, xs, transposed=False):
         if self.jacobian == "dense":

@@ -46,13 +46,18 @@ class AbstractShootingSolver(AbstractSolver):
         """New chunk starts `(K, d)` (the first is `h0`) from the current ones;
         `chunk_end(s, xs_k)` runs one chunk from `s`."""
 
+    @property
+    def _jacobian(self) -> str | None:
+        """What `_linearise` gives: `"dense"`, `"diagonal"`, or None."""
+        return None
+
     def _linearise(
         self, chunk_end, starts: Array, xs, transposed: bool = False
     ) -> Array | None:
         """The chunk Jacobians `J_k` at `starts` that the forward pass uses, and the
-        implicit gradient too: dense `(K, d, d)` (`J_k^T` if `transposed`), diagonal
-        `(K, d)`, or None (no Jacobians: the gradient iterates with vector-Jacobian
-        products only)."""
+        implicit gradient too: dense `(K, d, d)` (`J_k^T` if `transposed`; a pytree
+        of them if `chunk_end` returns one), diagonal `(K, d)`, or None (no
+        Jacobians: the gradient iterates with vector-Jacobian products only)."""
         return None
 
     def solve(self, problem):

@@ -299,6 +299,24 @@ def test_nonfinite_is_flagged():
         )
 
 
+@pytest.mark.parametrize("solver", SHOOTING)
+def test_gradient_of_nonfinite_start_is_nan(solver):
+    """A non-finite initial state: every cotangent is NaN, as through `lax.scan`
+    (the implicit adjoint skips its work rather than return numbers)."""
+    cell, _ = make_cell("gru")
+    xs, h0 = make_xs(11), jnp.array([jnp.inf, 0.1, 0.2, 0.3])
+
+    def loss(run):
+        return lambda c, xs, h0: jnp.sum(run(c, xs, h0))
+
+    run = lambda c, xs, h0: pscan.recurrence(
+        c, xs, h0, solver=SOLVERS[solver], throw=False
+    ).hs
+    for f in (loss(run), loss(scan_cell)):
+        g = jax.grad(f, argnums=(0, 1, 2))(cell, xs, h0)
+        assert all(jnp.all(jnp.isnan(x)) for x in jax.tree_util.tree_leaves(g))
+
+
 # ---------------------------------------------------------------------------------------
 # Bad input
 # ---------------------------------------------------------------------------------------

@@ -163,12 +163,19 @@ def _split_xs(xs_chunks):
 def _runs(inputs, static, rest, emit=True):
     """`runs(params, starts, xs)`: every chunk from its start, vectorised, the
     parameters unbatched (so that their tangents and cotangents are summed over the
-    chunks inside one product, never copied per chunk)."""
+    chunks inside one product, never copied per chunk).
+
+    Chunks of one step (DEER's) are run in 8 groups, one after another: a product's
+    temporaries are then those of T / 8 steps, not of all T at once (chunks of
+    C > 1 steps already run one step of each chunk at a time, T / C at once)."""
 
     def runs(params, starts, floating):
         xs_chunks = eqx.combine(floating, rest)
-        one = lambda s, xs_k: _problem(inputs, static, params).scan(s, xs_k, emit=emit)
-        return jax.vmap(one)(starts, xs_chunks)
+        one = lambda a: _problem(inputs, static, params).scan(*a, emit=emit)
+        if jax.tree_util.tree_leaves(xs_chunks)[0].shape[1] == 1:
+            batch = -(-starts.shape[0] // 8)
+            return lax.map(one, (starts, xs_chunks), batch_size=batch)
+        return jax.vmap(one)((starts, xs_chunks))
 
     return runs
 
@@ -234,35 +241,33 @@ def _cotangent(inputs, static, solver, starts, ct_hs):
     floating, rest = _split_xs(xs_chunks)
     ct_chunks = to_chunks(ct_hs, c, fill=jnp.zeros_like(ct_hs[0]))
     primal = (inputs.params, starts, floating)
-    # dense Jacobians give `mu` before the chunk runs are linearised: the K
-    # Jacobians and the runs' residuals are never alive together
-    dense = solver._jacobian == "dense"
-    if dense:
-        mu = dense_adjoint_starts(solver, problem, starts, xs_chunks, ct_chunks)
+    nan = lambda x: jnp.zeros_like(x) + jnp.nan
+    unknown = lambda: jax.tree_util.tree_map(nan, (primal[0], primal[2], starts[0]))
 
-    def linearised():
+    def linearised(mu=None):
         # one linearisation of every chunk run, its residuals shared by every product:
         # `pull(m)[1][k] = c[k] + J_k^T m[k]`, with `c[k] = (d hs_k / d s_k)^T ct_k`
         _, vjp = jax.vjp(_runs(inputs, static, rest), *primal)
         pull = lambda m: vjp((ct_chunks, m))
-        m = (
-            mu
-            if dense
-            else adjoint_starts(
+        if mu is None:
+            mu = adjoint_starts(
                 solver, problem, lambda m: pull(m)[1], starts, xs_chunks, ct_chunks
             )
-        )
-        ct_params, _, ct_xs = pull(shift_backward(m, axis))
-        return ct_params, ct_xs, m[0]
+        ct_params, _, ct_xs = pull(shift_backward(mu, axis))
+        return ct_params, ct_xs, mu[0]
 
-    # A conditional on what the linearisation needs (the converged chunk starts, or
-    # `mu`) keeps XLA from allocating its residuals before the forward pass (or the
-    # dense solve) is over: the peak is then the larger of the two, not their sum.
+    def dense():
+        # dense Jacobians give `mu` before the chunk runs are linearised: the K
+        # Jacobians and the runs' residuals are never alive together
+        mu = dense_adjoint_starts(solver, problem, starts, xs_chunks, ct_chunks)
+        return lax.cond(_all_finite(mu, axis), lambda: linearised(mu), unknown)
+
+    # Conditionals on what comes next needs (the converged chunk starts, `mu`) keep
+    # XLA from allocating its buffers before what comes before is over: the peak
+    # memory is the larger of the forward's and the backward's, not their sum.
     # Without finite starts (or `mu`) there is no derivative: every cotangent is NaN.
-    ready = _all_finite(mu if dense else starts, axis)
-    nan = lambda x: jnp.zeros_like(x) + jnp.nan
-    unknown = lambda: jax.tree_util.tree_map(nan, (primal[0], primal[2], starts[0]))
-    ct_params, ct_xs, ct_h0 = lax.cond(ready, linearised, unknown)
+    backward = dense if solver._jacobian == "dense" else linearised
+    ct_params, ct_xs, ct_h0 = lax.cond(_all_finite(starts, axis), backward, unknown)
     ct_xs = from_chunks(ct_xs, problem.length)
     if axis is not None:  # h0 enters on the first device only
         ct_h0 = jnp.where(lax.axis_index(axis) == 0, ct_h0, 0)

@@ -309,9 +309,9 @@ def test_gradient_of_nonfinite_start_is_nan(solver):
     def loss(run):
         return lambda c, xs, h0: jnp.sum(run(c, xs, h0))
 
-    run = lambda c, xs, h0: pscan.recurrence(
-        c, xs, h0, solver=SOLVERS[solver], throw=False
-    ).hs
+    run = lambda c, xs, h0: (
+        pscan.recurrence(c, xs, h0, solver=SOLVERS[solver], throw=False).hs
+    )
     for f in (loss(run), loss(scan_cell)):
         g = jax.grad(f, argnums=(0, 1, 2))(cell, xs, h0)
         assert all(jnp.all(jnp.isnan(x)) for x in jax.tree_util.tree_leaves(g))

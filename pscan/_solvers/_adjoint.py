@@ -19,6 +19,10 @@ with `J` alone; an iteration that does not converge falls back to an exact sweep
 the chunks. `_run` is a `custom_jvp` whose tangent is `_tangent`, handed to
 `lax.custom_linear_solve` together with `_cotangent` as its transpose: reverse mode
 saves only the inputs and the chunk starts and recomputes in the backward pass.
+
+Memory: the backward keeps the per-step residuals of one linearisation of the chunk
+runs (those of autodiff through `lax.scan`) and never, at the same time, the forward's
+temporaries or dense Jacobians (see `_cotangent`).
 """
 
 import equinox as eqx

@@ -299,6 +299,29 @@ def test_nonfinite_is_flagged():
         )
 
 
+def test_iterates_beyond_the_bound_never_converge():
+    """Iterates are held at +-sqrt(largest float) (runaway Newton steps): states that
+    are truly beyond it (finite, float32) are never reported converged, and the
+    sequential fallback returns them exactly."""
+
+    class Huge(eqx.Module):
+        def __call__(self, x, h):
+            return jnp.full_like(h, 1e20) + x[0]
+
+    xs, h0 = jnp.zeros((12, 1), jnp.float32), jnp.zeros(2, jnp.float32)
+    exact = scan_cell(Huge(), xs, h0)
+    assert jnp.all(jnp.isfinite(exact)) and jnp.all(exact > jnp.sqrt(3.4e38))
+    for make in (pscan.Picard, pscan.Newton):
+        sol = pscan.recurrence(
+            Huge(), xs, h0, solver=make(chunk_size=4, max_iters=8), throw=False
+        )
+        assert sol.result == pscan.RESULTS.max_iters_reached
+        assert sol.stats["max_residual"] == jnp.inf
+        fallback = make(chunk_size=4, max_iters=8, fallback="sequential")
+        sol = pscan.recurrence(Huge(), xs, h0, solver=fallback)
+        assert sol.stats["fell_back"] and jnp.array_equal(sol.hs, exact)
+
+
 @pytest.mark.parametrize("solver", SHOOTING)
 def test_gradient_of_nonfinite_start_is_nan(solver):
     """A non-finite initial state: every cotangent is NaN, as through `lax.scan`

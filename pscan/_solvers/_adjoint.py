@@ -266,10 +266,11 @@ def _cotangent(inputs, static, solver, starts, ct_hs):
         mu = dense_adjoint_starts(solver, problem, starts, xs_chunks, ct_chunks)
         return lax.cond(_all_finite(mu, axis), lambda: linearised(mu), unknown)
 
-    # Conditionals on what comes next needs (the converged chunk starts, `mu`) keep
-    # XLA from allocating its buffers before what comes before is over: the peak
-    # memory is the larger of the forward's and the backward's, not their sum.
-    # Without finite starts (or `mu`) there is no derivative: every cotangent is NaN.
+    # Each stage runs in a conditional on what it needs (finite chunk starts, finite
+    # `mu`): XLA allocates a branch's buffers only when it runs, never during the
+    # forward pass or the dense solve, so the peak memory is the larger of the
+    # stages', not their sum. Without finite starts (or `mu`) there is no
+    # derivative: every cotangent is NaN.
     backward = dense if solver._jacobian == "dense" else linearised
     ct_params, ct_xs, ct_h0 = lax.cond(_all_finite(starts, axis), backward, unknown)
     ct_xs = from_chunks(ct_xs, problem.length)

@@ -57,6 +57,7 @@ def _iterate(solver, problem: Problem, xs_chunks):
         starts = shift_forward(ends[:, -1], problem.h0, axis)
         starts = jnp.where(jnp.isfinite(starts), starts, problem.h0)
     end = lambda s, xs_k: chunk_end(problem, s, xs_k)
+    bound = jnp.sqrt(jnp.finfo(problem.h0.dtype).max).astype(problem.h0.dtype)
 
     def everywhere_all(x):
         return everywhere(jnp.all(x).astype(jnp.int32), axis, lax.pmin) > 0
@@ -87,7 +88,13 @@ def _iterate(solver, problem: Problem, xs_chunks):
         rows = _finite_rows(new)
         finite = everywhere_all(rows)
         new = jnp.where(rows[:, None], new, starts)
+        # a linearised step can run away (chaotic cells: to 1e38 and beyond in
+        # float32); held at +-sqrt(largest float), the next products stay finite and
+        # the iteration keeps its progress (DEER clips at +-1e8). A start held at the
+        # bound is never converged
+        new = jnp.where(jnp.isfinite(new), jnp.clip(new, -bound, bound), new)
         change = scaled_change(new, starts, solver.rtol, solver.atol)
+        change = jnp.where(jnp.any(jnp.abs(new) == bound), jnp.inf, change)
         change = everywhere(change, axis, lax.pmax)
         return new, it + 1, change, finite
 

@@ -72,7 +72,8 @@ class Newton(AbstractShootingSolver):
 
     Whatever the Jacobian used forward, the gradient is exact and implicit (see
     `pscan.recurrence`). A non-finite Newton step is replaced by a Picard sweep from
-    the last finite guess.
+    the last finite guess; finite iterates that run away are held at +-sqrt(largest
+    float) (a start held there never counts as converged).
 
     **Arguments:**
 

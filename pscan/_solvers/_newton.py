@@ -11,15 +11,33 @@ from ._base import as_python
 from ._shooting import AbstractShootingSolver
 
 
-def _diagonal_jacobian(f, s):
-    """`diag(df/ds)` by `d` forward-mode products, one after another, keeping one
-    entry of each: memory `O(d)`, never the `d x d` matrix."""
+def _in_groups(f, s, width: int, init, write, out_axes=0):
+    """Forward-mode products of `f` at `s` with the unit vectors, `width` of them at
+    once (vectorised), one group after another: `write(acc, start, columns)` folds
+    each group's products (stacked on `out_axes`) into `acc`, from `init`. Running `f`
+    once per group, `ceil(d / width)` times, with `width` tangents in flight."""
+    d = s.shape[0]
+    columns = jax.vmap(lambda e: jax.jvp(f, (s,), (e,))[1], out_axes=out_axes)
 
-    def entry(i, diag):
-        e = jnp.zeros_like(s).at[i].set(1)
-        return diag.at[i].set(jax.jvp(f, (s,), (e,))[1][i])
+    def group(i, acc):
+        start = jnp.minimum(i * width, d - width)  # the last group may overlap
+        eye = jnp.arange(d)[None, :] == start + jnp.arange(width)[:, None]
+        basis = eye.astype(s.dtype) + jnp.zeros_like(s)  # typed like `s` in shard_map
+        return write(acc, start, columns(basis))
 
-    return lax.fori_loop(0, s.shape[0], entry, jnp.zeros_like(s))
+    return lax.fori_loop(0, -(-d // width), group, init)
+
+
+def _diagonal_jacobian(f, s, width: int):
+    """`diag(df/ds)` by forward-mode products, `width` at a time, keeping one entry
+    of each: memory `O(d)` and `width` tangents, never the `d x d` matrix."""
+    width = min(s.shape[0], width)
+
+    def write(diag, start, columns):  # row j of `columns` is column `start + j`
+        block = lax.dynamic_slice_in_dim(columns, start, width, axis=1)
+        return lax.dynamic_update_slice_in_dim(diag, jnp.diagonal(block), start, 0)
+
+    return _in_groups(f, s, width, jnp.zeros_like(s), write)
 
 
 def _dense_jacobian(f, s, transposed: bool, groups: int = 8, least: int = 16):
@@ -32,24 +50,18 @@ def _dense_jacobian(f, s, transposed: bool, groups: int = 8, least: int = 16):
     (`(d, *S)` if `transposed`) for an output leaf of shape `S`."""
     d = s.shape[0]
     width = min(d, max(least, -(-d // groups)))
-    out_axes = 0 if transposed else -1
-    columns = jax.vmap(lambda e: jax.jvp(f, (s,), (e,))[1], out_axes=out_axes)
 
-    def group(i, jac):
-        start = jnp.minimum(i * width, d - width)  # the last group may overlap
-        eye = jnp.arange(d)[None, :] == start + jnp.arange(width)[:, None]
-        basis = eye.astype(s.dtype) + jnp.zeros_like(s)  # typed like `s` in shard_map
-        write = lambda j, c: lax.dynamic_update_slice_in_dim(
-            j, c, start, 0 if transposed else j.ndim - 1
-        )
-        return jax.tree_util.tree_map(write, jac, columns(basis))
+    def write(jac, start, columns):
+        axis = lambda j: 0 if transposed else j.ndim - 1
+        put = lambda j, c: lax.dynamic_update_slice_in_dim(j, c, start, axis(j))
+        return jax.tree_util.tree_map(put, jac, columns)
 
     def zeros(out):
         shape = (d, *out.shape) if transposed else (*out.shape, d)
         return jnp.zeros(shape, out.dtype) + jnp.zeros_like(s)  # typed like `s`
 
     init = jax.tree_util.tree_map(zeros, jax.eval_shape(f, s))
-    return lax.fori_loop(0, -(-d // width), group, init)
+    return _in_groups(f, s, width, init, write, out_axes=0 if transposed else -1)
 
 
 class Newton(AbstractShootingSolver):
@@ -120,10 +132,18 @@ class Newton(AbstractShootingSolver):
                 lambda s: chunk_end(s, x), s, transposed
             )
             return jax.vmap(dense)(starts, xs)
-        # the d products one after another, each over the chunks in 8 groups in turn:
-        # a product's temporaries are those of 1/8 of one run over every chunk
-        diagonal = lambda sx: _diagonal_jacobian(lambda s: chunk_end(s, sx[1]), sx[0])
-        return lax.map(diagonal, (starts, xs), batch_size=-(-starts.shape[0] // 8))
+        # about T / 8 tangents in flight (each a state): `C / 8` products at once for
+        # chunks of C >= 8 steps (at most 16); for shorter chunks one product at a
+        # time over `8 / C` groups of chunks in turn
+        c = self.chunk_size
+        width = min(16, max(1, c // 8))
+        diagonal = lambda sx: _diagonal_jacobian(
+            lambda s: chunk_end(s, sx[1]), sx[0], width
+        )
+        groups = -(-8 // c)
+        if groups == 1:
+            return jax.vmap(diagonal)((starts, xs))
+        return lax.map(diagonal, (starts, xs), batch_size=-(-starts.shape[0] // groups))
 
     def _update(self, chunk_end, starts, xs, h0):
         ends = jax.vmap(chunk_end)(starts, xs)

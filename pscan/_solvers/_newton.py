@@ -78,7 +78,9 @@ class Newton(AbstractShootingSolver):
     - `chunk_size=1, jacobian="dense"` is DEER (Lim et al. 2024): memory `O(T d^2)`.
     - `jacobian="diagonal"` is quasi-Newton (quasi-DEER, Gonzalez et al. 2024): only
         the diagonal of `J_k`, by forward mode, memory `O(K d)` (the implicit gradient
-        uses it too, to precondition its own iteration); more iterations.
+        uses it too, to precondition its own iteration); more iterations. Its
+        forward-mode products run `chunk_size / 8` (at most 16) at a time: about
+        `T / 8` tangent states in flight.
     - `chunk_size > 1`: Jacobians of whole chunks, memory `O(K d^2)` with
         `K = T / chunk_size`; few iterations for contractive cells.
 

@@ -33,7 +33,10 @@ from benchmarks.measure import (
     temp_mib,
 )
 from benchmarks.scenarios import (
+    AR_GRU_CONFIGS,
     ar_gru_problem,
+    cell_residual,
+    chaos_solvers,
     deer_reference,
     elman_problem,
     gru_problem,
@@ -190,31 +193,19 @@ def deer(args):
 def chaos(args):
     """Iterations to converge on chaotic autoregressive GRUs (float32), every solver
     stopping when no state moved by more than `atol` (pscan: `rtol=0`)."""
-    tol = dict(rtol=0.0, atol=args.atol, max_iters=args.length + 1)
-    solvers = {
-        "Newton() = DEER": pscan.Newton(**tol),
-        "Newton(diagonal) = quasi-DEER": pscan.Newton(jacobian="diagonal", **tol),
-        "Newton(chunk_size=16)": pscan.Newton(chunk_size=16, **tol),
-        "Newton(chunk_size=16, damping=0.5)": pscan.Newton(
-            chunk_size=16, damping=0.5, **tol
-        ),
-    }
+    solvers = chaos_solvers(args.length, args.atol)
     print(f"# T = {args.length}, float32, atol {args.atol}, jax {jax.__version__}")
     header = ["cell (d, gain, readout gain)", "solver", "converged", "iterations"]
     header += ["max residual |h[t] - cell(x[t], h[t-1])|"]
     _table(header, [])
-    for config in [(8, 10.0, 3.0, 0), (16, 5.0, 5.0, 1)]:
+    for config in AR_GRU_CONFIGS:
         _chaos_rows(args, solvers, config)
 
 
 def _chaos_rows(args, solvers, config):
     cell, xs, h0 = ar_gru_problem(args.length, *config)
     name = f"AR-GRU {config[:3]}"
-
-    def residual(hs):
-        prev = jnp.concatenate([h0[None], hs[:-1]])
-        return f"{float(jnp.max(jnp.abs(hs - jax.vmap(cell)(xs, prev)))):.1e}"
-
+    residual = lambda hs: f"{cell_residual(cell, xs, h0, hs):.1e}"
     run = lambda c, xs: deer_reference(c, xs, h0, args.length + 1, args.atol)
     hs, it = jax.jit(run)(cell, xs)
     _row(

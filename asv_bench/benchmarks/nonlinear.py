@@ -1,12 +1,25 @@
 """`pscan.recurrence` on a GRU cell (1 -> 32): every solver's forward, gradient and
-iteration count; `Sequential` is a plain `lax.scan`."""
+iteration count; `Sequential` is a plain `lax.scan`. And the iterations the solvers
+need on chaotic cells."""
 
+import equinox as eqx
 import jax
 
+import pscan
+
 from .measure import compile_timed, run, sizes, temp_mib
-from .scenarios import gru_problem, gru_solvers, solver_programs
+from .scenarios import (
+    AR_GRU_CONFIGS,
+    ar_gru_problem,
+    cell_residual,
+    chaos_solvers,
+    gru_problem,
+    gru_solvers,
+    solver_programs,
+)
 
 SOLVERS = gru_solvers(chunk=256)
+CHAOTIC = {str(c[:3]): c for c in AR_GRU_CONFIGS}
 
 
 class GRUSolvers:
@@ -49,3 +62,34 @@ class GRUSolvers:
     track_iterations.unit = "iterations"
     track_compile_gradient.unit = "seconds"
     track_gradient_temp.unit = "MiB"
+
+
+class ChaoticCells:
+    """The chaotic autoregressive GRUs of `tables.py chaos` (T = 2000): iterations to
+    converge (`max_iters = T + 1` means it did not) and the residual of the answer."""
+
+    params = (
+        list(chaos_solvers(1, 1e-5)),
+        list(CHAOTIC),
+        sizes([2000], [48]),
+    )
+    param_names = ["solver", "cell", "length"]
+    timeout = 600
+
+    def setup(self, solver, cell, length):
+        cell, xs, h0 = ar_gru_problem(length, *CHAOTIC[cell])
+        solve = eqx.filter_jit(pscan.recurrence)
+        sol = solve(
+            cell, xs, h0, solver=chaos_solvers(length, 1e-5)[solver], throw=False
+        )
+        self.iterations = int(sol.stats["num_iterations"])
+        self.residual = cell_residual(cell, xs, h0, sol.hs)
+
+    def track_iterations(self, *_):
+        return self.iterations
+
+    def track_residual(self, *_):
+        return self.residual
+
+    track_iterations.unit = "iterations"
+    track_residual.unit = "max |h[t] - cell(x[t], h[t-1])|"

@@ -164,6 +164,31 @@ def ar_gru_problem(length, hidden, gain, readout_gain, seed, dtype=jnp.float32):
     return cell, xs, jnp.zeros(hidden, dtype)
 
 
+# `(hidden, gain, readout gain, seed)` of the two chaotic cells the tables use
+AR_GRU_CONFIGS = [(8, 10.0, 3.0, 0), (16, 5.0, 5.0, 1)]
+
+
+def chaos_solvers(length, atol):
+    """The solvers of the chaotic-cell comparison: every one stops when no state moved
+    by more than `atol` (`rtol=0`), after at most `length + 1` iterations."""
+    tol = dict(rtol=0.0, atol=atol, max_iters=length + 1)
+    return {
+        "Newton() = DEER": pscan.Newton(**tol),
+        "Newton(diagonal) = quasi-DEER": pscan.Newton(jacobian="diagonal", **tol),
+        "Newton(chunk_size=16)": pscan.Newton(chunk_size=16, **tol),
+        "Newton(chunk_size=16, damping=0.5)": pscan.Newton(
+            chunk_size=16, damping=0.5, **tol
+        ),
+    }
+
+
+def cell_residual(cell, xs, h0, hs):
+    """`max |h[t] - cell(x[t], h[t-1])|`: how far `hs` is from solving the recurrence
+    (for chaotic cells, where two exact trajectories part after a few steps)."""
+    prev = jnp.concatenate([h0[None], hs[:-1]])
+    return float(jnp.max(jnp.abs(hs - jax.vmap(cell)(xs, prev))))
+
+
 # --------------------------------------------------------------------------------------
 # The seed scenario: Elman width -> width over a batch, gradient of sum(hs) wrt the cell.
 # --------------------------------------------------------------------------------------

@@ -296,7 +296,7 @@ def tangent_starts(solver, problem, push, push_one, t_h0, chunks) -> Array:
     shift = lambda e: shift_forward(e, t_h0, axis)
     end = lambda s, xs_k: chunk_end(problem, s, xs_k)
     jac = solver._linearise(end, starts, eqx.combine(floating, rest))
-    if jac is not None and jac.ndim == 3:  # dense: the exact recurrence at once
+    if solver._jacobian == "dense":  # the exact recurrence at once
         return shift(
             linear_recurrence(jac, push(jnp.zeros_like(starts)), t_h0, axis_name=axis)
         )
@@ -334,9 +334,16 @@ def dense_adjoint_starts(solver, problem, starts, xs_chunks, ct_chunks) -> Array
     jac, c = solver._linearise(
         end_and_weighted, starts, (xs_chunks, ct_chunks), transposed=True
     )
-    if axis is None:  # the last chunk's J multiplies mu[K] = 0
+    return _reverse_solve(jac, axis)(c)
+
+
+def _reverse_solve(jac, axis):
+    """`r -> m` with `m[k] = r[k] + jac[k] m[k+1]`, `m[K] = 0`: the boundary
+    recurrence of the adjoint for transposed chunk Jacobians `jac` (dense or
+    diagonal), across devices with `axis`."""
+    if axis is None:  # the last chunk's J multiplies mu[K] = 0 (never inf * 0)
         jac = jac.at[-1].set(0)
-    return linear_recurrence(jac, c, reverse=True, axis_name=axis)
+    return lambda r: linear_recurrence(jac, r, reverse=True, axis_name=axis)
 
 
 def adjoint_starts(solver, problem, pull, starts, xs_chunks, ct_chunks) -> Array:
@@ -355,10 +362,8 @@ def adjoint_starts(solver, problem, pull, starts, xs_chunks, ct_chunks) -> Array
     jac = solver._linearise(end, starts, xs_chunks, transposed=True)
     if jac is None:
         sweep = lambda mu: pull(shift(mu))
-    else:  # quasi-Newton: m[k] = r[k] + jac[k] m[k+1] solved exactly, the rest iterated
-        if axis is None:  # the last chunk's J multiplies mu[K] = 0
-            jac = jac.at[-1].set(0)
-        solve = lambda r: linear_recurrence(jac, r, reverse=True, axis_name=axis)
+    else:  # quasi-Newton: the diagonal part solved exactly, the rest iterated
+        solve = _reverse_solve(jac, axis)
         sweep = lambda mu: mu + solve(pull(shift(mu)) - mu)
     mu, converged = _iterate_linear(solver, sweep, starts)
     return lax.cond(

@@ -22,10 +22,11 @@ import jax.lax as lax
 import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching, mlir
-from jaxtyping import Array, ArrayLike, Inexact
+from jaxtyping import Array, ArrayLike, Bool, Inexact, Int
 
 from ._axis import like_inputs
 from ._chunking import default_chunk_size, from_chunks, shift_in, to_chunks
+from ._segments import along_time, segment_masks
 
 Method = Literal["auto", "sequential", "associative", "chunked"]
 _METHODS = ("auto", "sequential", "associative", "chunked")
@@ -44,6 +45,16 @@ def _apply(a, h, dense: bool):
     return a * h
 
 
+def _act(a, h, dense: bool):
+    """`a` acting on a state `h` inside a solve. An elementwise zero coefficient
+    forgets the state whatever its value (`0 * nan` is taken as 0), so that a reset
+    (`a = 0`) stops a non-finite state as running the segments separately would.
+    (Not used by the derivative rules, which must stay linear in their tangents.)"""
+    if dense:
+        return _apply(a, h, dense)
+    return jnp.where(a == 0, jnp.zeros((), h.dtype), a * h)
+
+
 def _carry(a, b, dense: bool):
     """`a` acting on a partial state `b` inside a parallel combine. A composed
     coefficient may overflow to inf where the sequential loop never forms it (|a| > 1
@@ -51,14 +62,23 @@ def _carry(a, b, dense: bool):
     (Elementwise only: a dense product has no such cheap guard.)"""
     if dense:
         return _apply(a, b, dense)
-    return jnp.where(b == 0, jnp.zeros((), b.dtype), a * b)
+    return jnp.where((b == 0) | (a == 0), jnp.zeros((), b.dtype), a * b)
 
 
 def _compose(a_later, a_earlier, dense: bool):
-    """The coefficient of applying `a_earlier`, then `a_later`."""
+    """The coefficient of applying `a_earlier`, then `a_later` (a zero factor makes
+    it zero, as in `_act`)."""
     if dense:
         return jnp.matmul(a_later, a_earlier, precision=lax.Precision.HIGHEST)
-    return a_later * a_earlier
+    zero = (a_later == 0) | (a_earlier == 0)
+    return jnp.where(zero, jnp.zeros((), a_later.dtype), a_later * a_earlier)
+
+
+def _product(a, axis: int, dense: bool = False):
+    """The elementwise product of `a` along `axis`: zero wherever a factor is zero
+    (even with a non-finite one beside it, as `_compose`)."""
+    zero = jnp.any(a == 0, axis=axis)
+    return jnp.where(zero, jnp.zeros((), a.dtype), jnp.prod(a, axis=axis))
 
 
 def _identity_like(a, dense: bool):
@@ -106,8 +126,8 @@ def _loop(a, b, h0, *, axis: int, reverse: bool, dense: bool, emit=True, adjoint
     def step(h, a_s, b_s):
         if adjoint:
             y = b_s + h
-            return _apply(a_s, y, dense), y
-        h = _apply(a_s, h, dense) + b_s
+            return _act(a_s, y, dense), y
+        h = _act(a_s, h, dense) + b_s
         return h, h
 
     # inside shard_map the carry must vary across devices as the inputs do
@@ -149,7 +169,7 @@ def _associative(a, b, h0, *, reverse: bool, dense: bool):
     (each `O(d^3)` for dense `a`)."""
     first = -1 if reverse else 0
     a = _full_time(a, b.shape[0])
-    b = b.at[first].add(_apply(a[first], h0, dense))
+    b = b.at[first].add(_act(a[first], h0, dense))
 
     def combine(earlier, later):
         a_e, b_e = earlier
@@ -173,7 +193,7 @@ def _doubling(a, b, h0, *, reverse: bool, dense: bool):
     n = b.shape[0]
     first = -1 if reverse else 0
     a = _full_time(a, n)
-    b = b.at[first].add(_apply(a[first], h0, dense))
+    b = b.at[first].add(_act(a[first], h0, dense))
     pad_a = jnp.broadcast_to(_identity_like(a, dense), a.shape)
     pad_b = jnp.zeros_like(b)
 
@@ -225,7 +245,7 @@ def _chunked(a, b, h0, *, reverse: bool, dense: bool, chunk_size: int):
     elif a.shape[0] == 1:
         p = lax.integer_pow(ac[:, 0], chunk_size)
     else:
-        p = jnp.prod(ac, axis=1)
+        p = _product(ac, axis=1)
     _, e = _loop(ac, bc, zeros, axis=1, reverse=reverse, dense=dense, emit=False)
     ends = _doubling(p, e, h0, reverse=reverse, dense=dense)
     starts = shift_in(ends, h0, reverse)
@@ -354,7 +374,7 @@ def _block_coefficient(a, length: int, dense: bool, reverse: bool):
         a0 = a[0]
         return jnp.linalg.matrix_power(a0, length) if dense else a0**length
     if not dense:
-        return jnp.prod(a, axis=0)
+        return _product(a, axis=0)
     eye = like_inputs(_identity_like(a, dense), a)
 
     def step(carry, a_t):
@@ -377,6 +397,22 @@ def _across_devices(solve, a, b, h0, *, axis_name, reverse: bool, dense: bool):
     after = _sequential(coefficients, ends, h0, reverse=reverse, dense=dense)
     starts = shift_in(after, h0, reverse)
     return solve(a, b, starts[lax.axis_index(axis_name)])
+
+
+def _masked(a, b, h0, restart, valid, dense: bool):
+    """`(a, b)` with resets and padding folded in: a step that starts from `h0` is
+    `a = 0, b + a h0`; a padded step is the identity `a = 1, b = 0`. (The affine
+    elements stay associative, so every method and device boundary is unchanged.)"""
+    if restart is None and valid is None:
+        return a, b
+    a = _full_time(a, b.shape[0])
+    if restart is not None:
+        b = b + jnp.where(along_time(restart, b), _apply(a, h0, dense), 0)
+        a = jnp.where(along_time(restart, a), jnp.zeros((), a.dtype), a)
+    if valid is not None:
+        b = jnp.where(along_time(valid, b), b, 0)
+        a = jnp.where(along_time(valid, a), a, _identity_like(a, dense))
+    return a, b
 
 
 # --------------------------------------------------------------------------------------
@@ -436,6 +472,8 @@ def linear_recurrence(
     method: Method = "auto",
     chunk_size: int | None = None,
     axis_name: str | None = None,
+    resets: Bool[ArrayLike, " T"] | None = None,
+    length: Int[ArrayLike, ""] | None = None,
 ) -> Inexact[Array, "T *S"]:
     """All states of the linear recurrence `h[t] = a[t] * h[t-1] + b[t]`, `h[-1] = h0`.
 
@@ -467,6 +505,18 @@ def linear_recurrence(
         locally, summarised, exchanged with one `all_gather` and rerun from their true
         starts. Works with `jax.shard_map`'s variance checks on or off. Or use
         `pscan.sharded_linear_recurrence`, which pads and maps for you.
+    - `resets`: None, or a boolean array of shape `(T,)` marking where segments start
+        (packed sequences): where `resets[t]`, step `t` starts from `h0` instead of
+        `h[t-1]`, so every segment runs as if alone. With `reverse=True` each segment
+        runs backward from its last step, which starts from `h0`, to its first step
+        `t` (where `resets[t]`). Implemented as `a[t] = 0`, `b[t] += a[t] * h0`, so
+        every method, chunk and device boundary works as without resets; a zero
+        coefficient forgets even a non-finite state, so a NaN never crosses a reset.
+    - `length`: None, or an integer scalar (may be traced, e.g. one per sequence of a
+        right-padded batch under `jax.vmap`): steps `t >= length` leave the state
+        unchanged, so `hs[T-1]` is the state after step `length - 1`; with
+        `reverse=True`, `h0` is carried through the padding and the recurrence runs
+        backward from step `length - 1`.
 
     **Returns:**
 
@@ -477,7 +527,8 @@ def linear_recurrence(
     **Raises:**
 
     `ValueError` at trace time for arguments whose shapes or dtypes do not fit together,
-    an unknown `method`, or a `chunk_size` that is not a positive integer.
+    an unknown `method`, a `chunk_size` that is not a positive integer, `resets` that
+    is not a boolean `(T,)` array, or a `length` that is not an integer scalar.
     """
     if method not in _METHODS:
         raise ValueError(
@@ -517,7 +568,7 @@ def linear_recurrence(
     ):  # complex coefficients make the states complex
         b = b.astype(jnp.result_type(b.dtype, a.dtype))
     a = _check_dtype("a", a, b.dtype)
-    length, state = b.shape[0], b.shape[1:]
+    steps, state = b.shape[0], b.shape[1:]
     dense = a.ndim == b.ndim + 1
     if dense:
         if b.ndim < 2:
@@ -532,16 +583,16 @@ def linear_recurrence(
                 f"last axis of `b` (shape {b.shape}), got `a` with shape {a.shape}"
             )
         lead = a.shape[:-2]
-        if lead[0] not in (1, length) or not _broadcasts_to(lead, b.shape[:-1]):
+        if lead[0] not in (1, steps) or not _broadcasts_to(lead, b.shape[:-1]):
             raise ValueError(
                 f"pscan.linear_recurrence: dense `a` with shape {a.shape} does not fit `b` with "
                 f"shape {b.shape}: expected (T, *S[:-1], d, d) = "
-                f"{(length, *state[:-1], d, d)}, leading axes broadcastable"
+                f"{(steps, *state[:-1], d, d)}, leading axes broadcastable"
             )
     else:
         if not _broadcasts_to(a.shape, b.shape):
             hint = ""
-            if a.ndim == 1 and a.shape[0] == length and b.ndim > 1:
+            if a.ndim == 1 and a.shape[0] == steps and b.ndim > 1:
                 hint = " (for one scalar per step, give `a` shape (T, 1, ...))"
             if a.ndim > b.ndim + 1:
                 hint = f" (dense `a` has exactly b.ndim + 1 = {b.ndim + 1} axes)"
@@ -567,12 +618,21 @@ def linear_recurrence(
                 f"pscan.linear_recurrence: `h0` must have shape {state} (that of `b` "
                 f"{b.shape} without its time axis), got {h0.shape}"
             )
-    if length == 0:
+    if steps == 0:
         return jnp.zeros_like(b)
+    restart, valid = segment_masks(
+        "linear_recurrence",
+        steps,
+        resets,
+        length,
+        reverse=bool(reverse),
+        axis_name=axis_name,
+    )
+    a, b = _masked(a, b, h0, restart, valid, dense)
     if method == "auto":
         method = _auto_method()
     if method == "chunked" and chunk_size is None:
-        chunk_size = default_chunk_size(length)
+        chunk_size = default_chunk_size(steps)
     if method != "chunked":
         chunk_size = None
 

@@ -5,9 +5,10 @@ import jax
 import jax.lax as lax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
-from jaxtyping import Array, PyTree
+from jaxtyping import Array, ArrayLike, Bool, Int, PyTree
 
 from ._cell import cell_parts
+from ._segments import segment_masks
 from ._solution import RESULTS, Solution
 from ._solvers import AbstractSolver, Problem, Sequential
 
@@ -24,6 +25,9 @@ def recurrence(
     solver: AbstractSolver = Sequential(),
     throw: bool = True,
     guess: PyTree[Array] | None = None,
+    reverse: bool = False,
+    resets: Bool[ArrayLike, " T"] | None = None,
+    length: Int[ArrayLike, ""] | None = None,
 ) -> Solution:
     """All states of the recurrence `h[t] = cell(x[t], h[t-1])`, `h[-1] = h0`.
 
@@ -57,9 +61,26 @@ def recurrence(
         next solve starts close to its answer. Only its states at chunk boundaries
         are read; it is not differentiated, and the answer does not depend on it
         (only the number of iterations does). `Sequential` ignores it.
-    - `throw`: if the solver fails (did not converge, or non-finite states), raise an
-        error at run time (through `eqx.error_if`). With `throw=False` inspect
-        `sol.result` instead.
+    - `throw`: if the solver did not converge, raise an error at run time (through
+        `eqx.error_if`). With `throw=False` inspect `sol.result` instead. Non-finite
+        states are not a failure: they are the answer of the sequential loop (from a
+        NaN or inf input or parameter, or a cell that blows up), flagged
+        `RESULTS.nonfinite`, exact before the first non-finite step and non-finite
+        from it on (until a reset).
+    - `reverse`: run from the end, `h[t] = cell(x[t], h[t+1])`, `h[T] = h0` (`hs`
+        stays in time order). Not with a solver's `axis_name`.
+    - `resets`: None, or a boolean array of shape `(T,)` marking where segments start
+        (packed sequences): where `resets[t]`, step `t` starts from `h0` instead of
+        `h[t-1]`, so `hs` equals running every segment separately (states and
+        derivatives, including those wrt `h0`, which every segment starts from). With
+        `reverse=True` each segment runs backward from its last step (which starts
+        from `h0`) to its first. In the parallel solvers the Jacobian across a reset
+        is zero, so the segments decouple.
+    - `length`: None, or an integer scalar (may be traced: one per sequence under
+        `jax.vmap`): steps `t >= length` leave the state unchanged (the cell is not
+        applied), so `hs[T-1]` is the state after step `length - 1`; with
+        `reverse=True`, `h0` is carried through them and the recurrence runs backward
+        from step `length - 1`.
 
     **Returns:**
 
@@ -88,6 +109,13 @@ def recurrence(
         raise ValueError(
             f"pscan.recurrence: the leaves of `xs` must share one nonzero leading (time) "
             f"axis, got shapes {[jnp.shape(x) for x in leaves]}"
+        )
+    steps = lengths.pop()
+    axis_name = getattr(solver, "axis_name", None)
+    if reverse and axis_name is not None:
+        raise ValueError(
+            "pscan.recurrence: `reverse=True` cannot be combined with a solver's "
+            f"`axis_name` ({axis_name!r}): flip the sequence across devices yourself"
         )
     xs = jax.tree_util.tree_map(jnp.asarray, xs)
     h0 = jax.tree_util.tree_map(jnp.asarray, h0)
@@ -132,29 +160,70 @@ def recurrence(
 
     guess_flat = None
     if guess is not None:
-        length = leaves[0].shape[0]
         g_leaves = jax.tree_util.tree_leaves(guess)
         if jax.tree_util.tree_structure(guess) != jax.tree_util.tree_structure(
             h0
         ) or any(
-            jnp.shape(g) != (length, *h.shape) for g, h in zip(g_leaves, h_leaves)
+            jnp.shape(g) != (steps, *h.shape) for g, h in zip(g_leaves, h_leaves)
         ):
             raise ValueError(
                 f"pscan.recurrence: `guess` must be like the states `hs`: `h0`'s "
-                f"structure with a leading time axis of length {length}, got "
+                f"structure with a leading time axis of length {steps}, got "
                 f"{_shape_tree(guess)} for `h0` {_shape_tree(h0)}"
             )
         guess_flat = jax.vmap(
             lambda g: to_flat(ravel_pytree(g)[0]).astype(h0_flat.dtype)
         )(guess)
-    problem = Problem(step, cell, xs, h0_flat, project, guess_flat)
+    restart, valid = segment_masks(
+        "recurrence",
+        steps,
+        resets,
+        length,
+        reverse=reverse,
+        axis_name=axis_name,
+    )
+    if reverse:  # solved forward in processing order, returned in time order
+        xs, restart, valid, guess_flat = _flip((xs, restart, valid, guess_flat))
+    if restart is None and valid is None:
+        problem = Problem(step, cell, xs, h0_flat, project, guess_flat)
+    else:
+        problem = _segmented(step, project, cell, xs, h0_flat, guess_flat, restart, valid)
     hs_flat, result, stats = solver.solve(problem)
-    hs = jax.vmap(unravel)(hs_flat)
+    hs = jax.vmap(unravel)(_flip(hs_flat) if reverse else hs_flat)
     if throw:
         hs = raise_on_failure(hs, result)
     return Solution(hs=hs, result=result, stats=stats)
 
 
+def _flip(tree):
+    """Every array of `tree` reversed along its leading (time) axis."""
+    return jax.tree_util.tree_map(lambda x: jnp.flip(x, 0), tree)
+
+
+def _segmented(step, project, cell, xs, h0, guess, restart, valid) -> Problem:
+    """The problem with per-step masks in its inputs: a step flagged `restart` starts
+    from `h0` (a parameter of the step, so that its derivative counts every segment),
+    a step not `valid` is the identity. The masks act on the state, never through
+    the cell: a step's Jacobian across a reset is exactly zero, a padded step's the
+    identity, in every solver."""
+    flags = {"restart": restart, "valid": valid}
+    flags = {k: v for k, v in flags.items() if v is not None}
+
+    def masked_step(params, z, h):
+        cell, h0 = params
+        h_in = h if restart is None else jnp.where(z["restart"], h0, h)
+        h_next = step(cell, z["z"], h_in)
+        return h_next if valid is None else jnp.where(z["valid"], h_next, h)
+
+    masked_project = None
+    if project is not None:
+        masked_project = lambda params, x: {**x, "z": project(params[0], x["z"])}
+    inputs = {**flags, "z": xs}
+    return Problem(masked_step, (cell, h0), inputs, h0, masked_project, guess)
+
+
 def raise_on_failure(hs: PyTree[Array], result: RESULTS) -> PyTree[Array]:
-    """`hs`, raising at run time with `result`'s message unless it is successful."""
-    return result.error_if(hs, result != RESULTS.successful)
+    """`hs`, raising at run time with `result`'s message if the solver did not
+    converge. (Non-finite states are the sequential loop's own answer, not a failure:
+    `RESULTS.nonfinite` is reported, never raised.)"""
+    return result.error_if(hs, result == RESULTS.max_iters_reached)

@@ -12,6 +12,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from ._linear import linear_recurrence
 from ._recurrence import raise_on_failure, recurrence
+from ._segments import segment_masks
 from ._solution import Solution
 from ._solvers import AbstractShootingSolver
 
@@ -38,6 +39,8 @@ def sharded_linear_recurrence(
     reverse: bool = False,
     method: str = "auto",
     chunk_size: int | None = None,
+    resets=None,
+    length=None,
 ):
     """`pscan.linear_recurrence` with its time axis split over a mesh axis.
 
@@ -49,7 +52,7 @@ def sharded_linear_recurrence(
 
     **Arguments:**
 
-    - `a`, `b`, `h0`, `reverse`, `method`, `chunk_size`: as for
+    - `a`, `b`, `h0`, `reverse`, `method`, `chunk_size`, `resets`, `length`: as for
         `pscan.linear_recurrence`; `method` and `chunk_size` apply to each device's
         block.
     - `mesh`: a `jax.sharding.Mesh`.
@@ -71,12 +74,12 @@ def sharded_linear_recurrence(
         raise ValueError(
             "pscan.sharded_linear_recurrence: `b` must have a leading time axis, got a scalar"
         )
-    length = b.shape[0]
+    steps = b.shape[0]
     devices = mesh.shape[axis_name]
-    timed = a.ndim >= b.ndim and a.shape[0] == length and length > 1
+    timed = a.ndim >= b.ndim and a.shape[0] == steps and steps > 1
     if h0 is None:
         h0 = jnp.zeros(b.shape[1:], b.dtype)
-    pad = -length % devices
+    pad = -steps % devices
     # padded steps come last in processing order: after the end, or before the start
     where = (pad, 0) if reverse else (0, pad)
     widths = lambda x: [where] + [(0, 0)] * (x.ndim - 1)
@@ -84,7 +87,11 @@ def sharded_linear_recurrence(
     if timed:
         a = jnp.pad(a, widths(a))
     time = PartitionSpec(axis_name)
-    fn = lambda a, b, h0: linear_recurrence(
+    resets = _padded_resets("sharded_linear_recurrence", resets, steps, pad, reverse)
+    if length is not None and reverse:  # the padding comes first in time
+        length = jnp.asarray(length) + pad
+    masks, mask_specs = _masks(resets, length, time)
+    fn = lambda a, b, h0, masks: linear_recurrence(
         a,
         b,
         h0,
@@ -92,15 +99,33 @@ def sharded_linear_recurrence(
         method=method,
         chunk_size=chunk_size,
         axis_name=axis_name,
+        **masks,
     )
     hs = jax.shard_map(
         fn,
         mesh=mesh,
-        in_specs=(time if timed else PartitionSpec(), time, PartitionSpec()),
+        in_specs=(time if timed else PartitionSpec(), time, PartitionSpec(), mask_specs),
         out_specs=time,
         check_vma=False,
-    )(a, b, h0)
-    return hs[pad:] if reverse else hs[:length]
+    )(a, b, h0, masks)
+    return hs[pad:] if reverse else hs[:steps]
+
+
+def _padded_resets(owner, resets, steps: int, pad: int, front: bool = False):
+    """`resets` checked and padded with `False` (at the front if `front`)."""
+    if resets is None:
+        return None
+    resets = segment_masks(owner, steps, resets, None)[0]  # checked
+    return jnp.pad(resets, (pad, 0) if front else (0, pad))
+
+
+def _masks(resets, length, time):
+    """The `resets` / `length` keywords and their `shard_map` specs (split over time,
+    replicated)."""
+    masks = {"resets": resets, "length": length}
+    masks = {k: v for k, v in masks.items() if v is not None}
+    specs = {"resets": time, "length": PartitionSpec()}
+    return masks, {k: specs[k] for k in masks}
 
 
 def sharded_recurrence(
@@ -112,6 +137,8 @@ def sharded_recurrence(
     mesh: Mesh,
     axis_name: str,
     throw: bool = True,
+    resets=None,
+    length=None,
 ):
     """`pscan.recurrence` with its time axis split over a mesh axis.
 
@@ -124,7 +151,7 @@ def sharded_recurrence(
 
     **Arguments:**
 
-    - `cell`, `xs`, `h0`, `throw`: as for `pscan.recurrence`.
+    - `cell`, `xs`, `h0`, `throw`, `resets`, `length`: as for `pscan.recurrence`.
     - `solver`: `pscan.Picard(...)` or `pscan.Newton(...)` (without `fallback`); its
         `axis_name` is set to `axis_name`.
     - `mesh`: a `jax.sharding.Mesh`.
@@ -149,9 +176,10 @@ def sharded_recurrence(
     leaves = jax.tree_util.tree_leaves(xs)
     if not leaves or jnp.ndim(leaves[0]) == 0:
         raise ValueError("pscan.sharded_recurrence: `xs` must have a leading time axis")
-    length = jnp.shape(leaves[0])[0]
+    steps = jnp.shape(leaves[0])[0]
     block = mesh.shape[axis_name] * solver.chunk_size
-    pad = -length % block
+    pad = -steps % block
+    resets = _padded_resets("sharded_recurrence", resets, steps, pad)
 
     def padded(x):
         x = jnp.asarray(x)
@@ -161,8 +189,10 @@ def sharded_recurrence(
     xs = jax.tree_util.tree_map(padded, xs)
     time = PartitionSpec(axis_name)
 
-    def solve(cell, xs, h0):
-        sol = recurrence(cell, xs, h0, solver=solver, throw=False)
+    masks, mask_specs = _masks(resets, length, time)
+
+    def solve(cell, xs, h0, masks):
+        sol = recurrence(cell, xs, h0, solver=solver, throw=False, **masks)
         return sol.hs, sol.result, sol.stats
 
     # traced even when called eagerly: an eager shard_map cannot run the solver's
@@ -171,12 +201,12 @@ def sharded_recurrence(
         jax.shard_map(
             solve,
             mesh=mesh,
-            in_specs=(PartitionSpec(), time, PartitionSpec()),
+            in_specs=(PartitionSpec(), time, PartitionSpec(), mask_specs),
             out_specs=(time, PartitionSpec(), PartitionSpec()),
             check_vma=False,
         )
-    )(cell, xs, h0)
-    hs = jax.tree_util.tree_map(lambda x: x[:length], hs)
+    )(cell, xs, h0, masks)
+    hs = jax.tree_util.tree_map(lambda x: x[:steps], hs)
     if throw:
         hs = raise_on_failure(hs, result)
     return Solution(hs=hs, result=result, stats=stats)

@@ -18,8 +18,9 @@ class RESULTS(eqx.Enumeration):
         "`throw=False` and read `sol.stats['max_residual']` (<= 1 means converged)."
     )
     nonfinite = (
-        "pscan: the solver met non-finite states (NaN or inf): the recurrence diverges "
-        "from this initial state, or its inputs or parameters are non-finite."
+        "pscan: the states are non-finite (NaN or inf) from some step on, as those of "
+        "the sequential loop are: a non-finite input, parameter or initial state, or a "
+        "cell that blows up. The states before it are exact."
     )
 
 

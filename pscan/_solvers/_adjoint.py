@@ -40,6 +40,7 @@ from .._axis import (
 )
 from .._chunking import from_chunks, to_chunks
 from .._linear import linear_recurrence
+from .._solution import RESULTS
 from ._base import Problem, chunk_xs, finite_result
 from ._iterate import chunk_end, run_chunks, scaled_change, shooting_forward
 
@@ -87,9 +88,12 @@ def shooting_solve(solver, problem: Problem):
     inputs = _Inputs(params, problem.xs, problem.h0)
     static = _Static(problem.step, problem.project, static_params)
     hs = _run(inputs, static, solver, starts, stats["fell_back"])
-    if solver.fallback is not None:  # the states it returns are the answer
-        _, result = finite_result(hs)
-    return hs, result, stats
+    # the states are the answer (the sequential ones after a fallback): whether they
+    # are finite is read from them, wherever in a chunk the first non-finite one is
+    _, finite = finite_result(hs)
+    if solver.fallback is None:
+        finite = RESULTS.where(result == RESULTS.max_iters_reached, result, finite)
+    return hs, finite, stats
 
 
 def _run_chunks(inputs, static, solver, starts, fell_back):

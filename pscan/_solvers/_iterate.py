@@ -16,6 +16,7 @@ from jaxtyping import Array, PyTree
 from .._axis import everywhere, shift_forward, varying
 from .._chunking import from_chunks, to_chunks
 from .._solution import RESULTS
+from .._linear import linear_recurrence
 from ._base import Problem, chunk_xs
 
 
@@ -46,7 +47,9 @@ def _finite_rows(x):
 
 
 def _iterate(solver, problem: Problem, xs_chunks):
-    """The solver's sweeps in a `while_loop`: `(starts, iterations, change, finite)`."""
+    """The solver's sweeps in a `while_loop`: `(starts, iterations, change, held)`,
+    `held[k]` whether chunk start k was non-finite in the last sweep (and kept its
+    last value)."""
     k = jax.tree_util.tree_leaves(xs_chunks)[0].shape[0]
     axis = solver.axis_name
     if problem.guess is None:
@@ -86,7 +89,6 @@ def _iterate(solver, problem: Problem, xs_chunks):
         # recurrence itself (a non-finite input, or a cell that blows up): it keeps its
         # last value, so the chunks before it still converge to their exact states
         rows = _finite_rows(new)
-        finite = everywhere_all(rows)
         new = jnp.where(rows[:, None], new, starts)
         # a linearised step can run away (chaotic cells: to 1e38 and beyond in
         # float32); held at +-sqrt(largest float), the next products stay finite and
@@ -96,26 +98,51 @@ def _iterate(solver, problem: Problem, xs_chunks):
         change = scaled_change(new, starts, solver.rtol, solver.atol)
         change = jnp.where(jnp.any(jnp.abs(new) == bound), jnp.inf, change)
         change = everywhere(change, axis, lax.pmax)
-        return new, it + 1, change, finite
+        return new, it + 1, change, ~rows
 
     inf = jnp.array(jnp.inf, problem.h0.real.dtype)
-    init = (starts, jnp.array(0), inf, jnp.array(True))
+    init = (starts, jnp.array(0), inf, jnp.zeros(k, bool))
     return lax.while_loop(cond, body, init)
+
+
+def _loop_starts(problem: Problem, starts, held, xs_chunks, axis) -> Array:
+    """The chunk starts of the sequential loop, from converged finite ones and the
+    rows that were `held` (non-finite: `F_{k-1}` of a correct start, or `h0`, is).
+    A non-finite start stays non-finite to the chunk's end unless the chunk forgets
+    it (a reset): `bad[k] = held[k] | (bad[k-1] & carries[k-1])`, a linear recurrence
+    over the chunks (across devices too); bad starts become NaN, so the chunk runs
+    give non-finite states from the first non-finite step on, as the loop does."""
+    end = jax.vmap(lambda s, xs_k: chunk_end(problem, s, xs_k))
+    carries = ~_finite_rows(end(jnp.full_like(starts, jnp.nan), xs_chunks))
+    real = starts.real.dtype
+    carries = shift_forward(carries.astype(real), jnp.zeros((), real), axis)
+    bad = linear_recurrence(carries, held.astype(real), axis_name=axis) > 0
+    return jnp.where(bad[:, None], jnp.nan, starts)
 
 
 def shooting_forward(solver, problem: Problem) -> tuple[Array, RESULTS, dict[str, Any]]:
     """Iterates `solver._update` on the chunk starts: `(starts, result, stats)`.
 
-    With `fallback="sequential"` the result is left to the caller (it depends on the
-    states of the fallback) and `stats["fell_back"]` says whether to take it.
+    Converged means every finite chunk start has converged; the non-finite ones (a
+    non-finite input or a cell that blows up) are then those of the sequential loop
+    (`_loop_starts`), and the result is `nonfinite`. With `fallback="sequential"` the
+    result is left to the caller (it depends on the states of the fallback) and
+    `stats["fell_back"]` says whether to take it.
     """
     xs_chunks = chunk_xs(problem, solver.chunk_size)
-    starts, iters, change, finite = _iterate(solver, problem, xs_chunks)
-    converged = finite & (change <= 1)
+    starts, iters, change, held = _iterate(solver, problem, xs_chunks)
+    axis = solver.axis_name
+    finite = everywhere(jnp.any(held).astype(jnp.int32), axis, lax.pmax) == 0
+    converged = change <= 1
+    starts = lax.cond(
+        finite,
+        lambda: starts,
+        lambda: _loop_starts(problem, starts, held, xs_chunks, axis),
+    )
     result = RESULTS.where(
         converged,
-        RESULTS.successful,
-        RESULTS.where(finite, RESULTS.max_iters_reached, RESULTS.nonfinite),
+        RESULTS.where(finite, RESULTS.successful, RESULTS.nonfinite),
+        RESULTS.max_iters_reached,
     )
     # never reads as converged (<= 1) when the states are not all finite
     change = jnp.where(finite, change, jnp.inf)

@@ -5,7 +5,7 @@ import jax
 import jax.lax as lax
 import jax.numpy as jnp
 
-from .._axis import shift_forward
+from .._axis import shift_backward, shift_forward
 from .._linear import linear_recurrence
 from ._base import as_python
 from ._shooting import AbstractShootingSolver
@@ -163,11 +163,28 @@ class Newton(AbstractShootingSolver):
         else:
             apply = lambda a, s: a * s
         a = (1 - self.damping) * jac
-        b = lin_ends - apply(a, lin_starts)
+        # A chunk with a non-finite end or Jacobian (after a non-finite input) must not
+        # spread NaN through the linear solve to every later chunk: its start is
+        # taken as it is (a zero Jacobian, the next start as its end), and its end
+        # is marked non-finite again afterwards for `_iterate` to hold
+        end_ok = jnp.all(jnp.isfinite(lin_ends), axis=-1)
+        ok = end_ok & jnp.all(jnp.isfinite(a).reshape(a.shape[0], -1), axis=-1)
+        rows = lambda m, x: m.reshape(m.shape + (1,) * (x.ndim - 1))
+        a = jnp.where(rows(ok, a), a, 0)
+        following = shift_backward(starts, self.axis_name) if sharded else starts[1:]
+        b = jnp.where(
+            rows(ok, lin_ends),
+            lin_ends - apply(a, lin_starts),
+            jnp.where(rows(end_ok, lin_ends), lin_ends, following),
+        )
         if sharded:
             after = linear_recurrence(a, b, h0, axis_name=self.axis_name)
+        else:
+            after = linear_recurrence(a, b, h0)
+        after = jnp.where(rows(end_ok, after), after, jnp.nan)
+        if sharded:
             return shift_forward(after, h0, self.axis_name)
-        return jnp.concatenate([h0[None], linear_recurrence(a, b, h0)])
+        return jnp.concatenate([h0[None], after])
 
 
 def _head(xs):

@@ -3,11 +3,12 @@ import math
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, PyTree
+from jaxtyping import Array, ArrayLike, Bool, Int, PRNGKeyArray, PyTree
 
 from .._cell import AbstractCell, AbstractLinearCell
 from .._linear import linear_recurrence
 from .._recurrence import recurrence
+from .._segments import along_time
 from .._solvers import AbstractSolver, Newton, Sequential
 
 
@@ -58,32 +59,57 @@ def _shapes(tree):
     )
 
 
+def _output(cell, x, h):
+    """The output of one step of a layer: the cell's `readout` (a `pscan.nn` cell),
+    `h` of a state `(h, c)` (the Equinox LSTM convention, for any tuple state), or
+    the state itself."""
+    if isinstance(cell, AbstractCell):
+        return cell.readout(x, h)
+    if isinstance(h, (tuple, list)):
+        return h[0]
+    return h
+
+
 class Recurrence(eqx.Module):
     """A recurrent layer: runs a cell over one whole sequence and returns every output.
 
     `layer(xs)` is `h[t] = cell(xs[t], h[t-1])` for every `t` (or, with `reverse=True`,
     `h[t] = cell(xs[t], h[t+1])` from the end), by `pscan.recurrence` with `solver`,
-    followed by the cell's `readout` when it has one. Cells linear in their state
-    (`pscan.nn.AbstractLinearCell`: `MinGRU`, `MinLSTM`, `LRU`) run through
-    `pscan.linear_recurrence` on their coefficients: exact, no iteration.
+    and returns one output per step: the cell's `readout` for a `pscan.nn` cell (the
+    real outputs of `LRU`), `h` for `eqx.nn.LSTMCell` (state `(h, c)`), else the
+    state. Cells linear in their state (`pscan.nn.AbstractLinearCell`: `MinGRU`,
+    `MinLSTM`, `LRU`) run through `pscan.linear_recurrence` on their coefficients:
+    exact, no iteration.
 
-    Like Equinox's layers it takes one unbatched sequence; `jax.vmap` it for a batch.
+    Like Equinox's layers it takes one unbatched sequence; `jax.vmap` it for a batch
+    (a right-padded batch with one `length` per sequence, or one packed sequence with
+    `resets`). Non-finite inputs give the sequential loop's outputs (exact before the
+    first non-finite step, non-finite from it on, until a reset), never an error.
 
     **Arguments:**
 
     - `cell`: `cell(x, h) -> h_next`: a `pscan.nn` cell, `eqx.nn.GRUCell`,
-        `eqx.nn.LSTMCell` (state `(h, c)`), or any callable pytree.
+        `eqx.nn.LSTMCell`, or any callable pytree.
     - `solver`: a pscan solver, or `None` for the backend's default: on CPU the exact
         `pscan.Sequential(checkpoint=C)` with `C ~ sqrt(T)`; on GPU/TPU chunked
         `pscan.Newton(chunk_size=128)` (see `default_solver`). With a linear cell,
         `None` means `pscan.linear_recurrence`; a solver given explicitly is used
         instead.
     - `reverse`: run from the last step to the first.
+    - `return_state`: return `(outputs, final_state)` instead of the outputs: the
+        state after the last step processed (after step `length - 1`, or after step 0
+        with `reverse=True`), as the cell keeps it (complex for `LRU`, `(h, c)` for an
+        LSTM), ready to be the `h0` of the next window.
+    - `throw`: raise at run time if an iterative solver did not converge (see
+        `pscan.recurrence`); with `throw=False` the outputs are those of the last
+        iteration.
     """
 
     cell: PyTree
     solver: AbstractSolver | None = None
-    reverse: bool = eqx.field(static=True, default=False)
+    reverse: bool = eqx.field(static=True, default=False, kw_only=True)
+    return_state: bool = eqx.field(static=True, default=False, kw_only=True)
+    throw: bool = eqx.field(static=True, default=True, kw_only=True)
 
     def __check_init__(self):
         if self.solver is not None and not isinstance(self.solver, AbstractSolver):
@@ -96,27 +122,96 @@ class Recurrence(eqx.Module):
                 f"pscan.nn.Recurrence: `cell` must be callable, got {self.cell!r}"
             )
 
-    def __call__(self, xs: Array, h0: PyTree[Array] | None = None) -> PyTree[Array]:
+    @property
+    def _name(self) -> str:
+        return f"pscan.nn.Recurrence({type(self.cell).__name__})"
+
+    def init_state(self, dtype=None) -> PyTree[Array]:
+        """The cell's default initial state (zeros): what `__call__` starts from when
+        `h0` is None, and the start of a stream for `step`.
+
+        **Arguments:**
+
+        - `dtype`: the floating dtype for cells that do not tell theirs (default:
+            float32, or float64 under `jax_enable_x64`).
+
+        **Returns:**
+
+        A pytree of arrays shaped like the cell's state.
+
+        **Raises:**
+
+        `ValueError` when the cell does not tell its state's shape (no `hidden_size`
+        or `init_state`).
+        """
+        state = _zeros_state(self.cell, jnp.result_type(float) if dtype is None else dtype)
+        if state is None:
+            raise ValueError(
+                f"{self._name}: the cell does not tell its state's shape (no `hidden_size` "
+                "or `init_state`): pass `h0`"
+            )
+        return state
+
+    def step(self, x: Array, h: PyTree[Array]) -> tuple[PyTree[Array], PyTree[Array]]:
+        """One step of the layer, for generation and streams: the same cell and
+        output as `__call__`, one input at a time.
+
+        **Arguments:**
+
+        - `x`: the input of one step, shape `(in_features,)`.
+        - `h`: the state before it (`init_state()`, or the `final_state` of a call
+            with `return_state=True`).
+
+        **Returns:**
+
+        `(output, h_next)`: the step's output (as one step of `__call__`'s outputs)
+        and the new state.
+        """
+        h_next = self.cell(x, h)
+        return _output(self.cell, x, h_next), h_next
+
+    def __call__(
+        self,
+        xs: Array,
+        h0: PyTree[Array] | None = None,
+        *,
+        length: Int[ArrayLike, ""] | None = None,
+        resets: Bool[ArrayLike, " T"] | None = None,
+        key: PRNGKeyArray | None = None,
+    ) -> PyTree[Array] | tuple[PyTree[Array], PyTree[Array]]:
         """Runs the cell over the sequence.
 
         **Arguments:**
 
         - `xs`: one sequence, shape `(T, in_features)` with `T >= 1`.
-        - `h0`: the state before the first step; by default the cell's
+        - `h0`: the state before the first step processed; by default
             `init_state()` (zeros; `(zeros, zeros)` for `eqx.nn.LSTMCell`).
+        - `length`: None, or the number of real steps of a right-padded sequence (an
+            integer scalar, traced under `jax.vmap`): steps at and after it leave the
+            state unchanged and output zeros; with `reverse=True` the layer runs
+            backward from step `length - 1`.
+        - `resets`: None, or a boolean array `(T,)` marking where the segments of a
+            packed sequence start: each segment runs from `h0` as if alone (with
+            `reverse=True`, backward from its last step).
+        - `key`: ignored (Equinox layers take one, so that `eqx.nn.Sequential` can
+            pass it on).
 
         **Returns:**
 
-        The output after every step, with a leading axis of length `T`: the states
-        (a pytree like `h0`), or the cell's `readout` of them (the real outputs of
-        `LRU`).
+        The output after every step, with a leading axis of length `T`; with
+        `return_state=True`, `(outputs, final_state)`.
 
         **Raises:**
 
-        `ValueError` at trace time when `xs` is not `(T, in_features)` or `h0` is not
-        shaped like the cell's state.
+        `ValueError` at trace time when `xs` is not `(T, in_features)`, `h0` is not
+        shaped like the cell's state, or `length` / `resets` do not fit.
         """
-        name = f"pscan.nn.Recurrence({type(self.cell).__name__})"
+        outputs, state = self._run(xs, h0, length, resets, self.reverse)
+        return (outputs, state) if self.return_state else outputs
+
+    def _run(self, xs, h0, length, resets, reverse):
+        """`(outputs, final_state)` of a pass over `xs` in the direction `reverse`."""
+        name = self._name
         features = getattr(
             self.cell, "in_features", getattr(self.cell, "input_size", None)
         )
@@ -135,12 +230,7 @@ class Recurrence(eqx.Module):
         xs = jnp.asarray(xs)
         default = _zeros_state(self.cell, xs.dtype)
         if h0 is None:
-            if default is None:
-                raise ValueError(
-                    f"{name}: the cell does not tell its state's shape (no `hidden_size` "
-                    "or `init_state`): pass `h0`"
-                )
-            h0 = default
+            h0 = self.init_state(xs.dtype)
         elif default is not None and _shapes(h0) != _shapes(default):
             raise ValueError(
                 f"{name}: `h0` must be shaped like the cell's state {_shapes(default)}, "
@@ -155,18 +245,78 @@ class Recurrence(eqx.Module):
                 f"{state_dtype}: cast `xs` to {state_dtype}, or build the cell with "
                 f"`dtype={xs.dtype}`"
             )
+        masks = dict(reverse=reverse, resets=resets, length=length)
         if isinstance(self.cell, AbstractLinearCell) and self.solver is None:
             a, b = self.cell.coefficients(xs)
-            hs = linear_recurrence(a, b, h0, reverse=self.reverse)
+            hs = linear_recurrence(a, b, h0, **masks)
         else:
             solver = self.solver
             if solver is None:
-                dtype = jax.tree_util.tree_leaves(h0)[0].real.dtype
-                solver = default_solver(shape[0], dtype)
-            flip = lambda tree: jax.tree_util.tree_map(lambda x: jnp.flip(x, 0), tree)
-            inputs = flip(xs) if self.reverse else xs
-            hs = recurrence(self.cell, inputs, h0, solver=solver).hs
-            hs = flip(hs) if self.reverse else hs
-        if isinstance(self.cell, AbstractCell):
-            hs = jax.vmap(self.cell.readout)(xs, hs)
-        return hs
+                solver = default_solver(shape[0], state_dtype)
+            hs = recurrence(
+                self.cell, xs, h0, solver=solver, throw=self.throw, **masks
+            ).hs
+        final = jax.tree_util.tree_map(lambda h: h[0] if reverse else h[-1], hs)
+        outputs = jax.vmap(lambda x, h: _output(self.cell, x, h))(xs, hs)
+        if length is not None:  # padded steps output zeros
+            valid = jnp.arange(shape[0]) < length
+            outputs = jax.tree_util.tree_map(
+                lambda y: jnp.where(along_time(valid, y), y, jnp.zeros((), y.dtype)),
+                outputs,
+            )
+        return outputs, final
+
+
+class Bidirectional(eqx.Module):
+    """A forward and a backward pass over one sequence, their outputs concatenated on
+    the last axis (Flax's `Bidirectional`): `[forward_layer(xs), backward(xs)]`,
+    where the backward layer runs from the last real step to the first whatever its
+    own `reverse` (respecting `length` and `resets` as `pscan.nn.Recurrence` does).
+
+    **Arguments:**
+
+    - `forward_layer`: a `pscan.nn.Recurrence`, run forward.
+    - `backward_layer`: a `pscan.nn.Recurrence`, run backward.
+    - `return_state`: return `(outputs, (forward_state, backward_state))`.
+    """
+
+    forward_layer: Recurrence
+    backward_layer: Recurrence
+    return_state: bool = eqx.field(static=True, default=False, kw_only=True)
+
+    def __check_init__(self):
+        for name in ("forward_layer", "backward_layer"):
+            layer = getattr(self, name)
+            if not isinstance(layer, Recurrence):
+                raise ValueError(
+                    f"pscan.nn.Bidirectional: `{name}` must be a pscan.nn.Recurrence, "
+                    f"got {type(layer).__name__}"
+                )
+
+    def __call__(
+        self,
+        xs: Array,
+        h0: tuple[PyTree[Array], PyTree[Array]] | None = None,
+        *,
+        length: Int[ArrayLike, ""] | None = None,
+        resets: Bool[ArrayLike, " T"] | None = None,
+        key: PRNGKeyArray | None = None,
+    ) -> Array | tuple[Array, tuple[PyTree[Array], PyTree[Array]]]:
+        """Runs both passes.
+
+        **Arguments:**
+
+        - `xs`: one sequence, shape `(T, in_features)`.
+        - `h0`: None, or `(forward_h0, backward_h0)`.
+        - `length`, `resets`, `key`: as for `pscan.nn.Recurrence`.
+
+        **Returns:**
+
+        The outputs `(T, forward_features + backward_features)`; with
+        `return_state=True`, `(outputs, (forward_state, backward_state))`.
+        """
+        h_f, h_b = (None, None) if h0 is None else h0
+        y_f, s_f = self.forward_layer._run(xs, h_f, length, resets, False)
+        y_b, s_b = self.backward_layer._run(xs, h_b, length, resets, True)
+        outputs = jnp.concatenate([y_f, y_b], axis=-1)
+        return (outputs, (s_f, s_b)) if self.return_state else outputs

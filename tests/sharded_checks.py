@@ -101,6 +101,7 @@ def main():
     _, t_ref = jax.jvp(pscan.linear_recurrence, (a, b, h0), tangents)
     close(t, t_ref, "jvp")
     count += nonlinear(mesh)
+    count += segmented(mesh)
     print(f"OK {count + 2} cases")
 
 
@@ -216,6 +217,72 @@ def nonlinear(mesh):
         assert "multiple of `chunk_size` (3), got 8 steps" in str(e), e
     else:
         raise AssertionError("no ValueError for blocks that are not whole chunks")
+    return count + 1
+
+
+def segmented(mesh):
+    """Resets (one at a device boundary, one inside a block) and a length across
+    devices: states and gradients equal the single-device ones, both directions,
+    and inside the user's shard_map with its variance checks on."""
+    import equinox as eqx
+
+    length = 37
+    resets = np.isin(np.arange(length), [0, 10, 17, 30])  # 10: a block boundary
+    masks = dict(resets=resets, length=33)
+    a, b, h0 = make_linear_problem(5, length, (3,))
+    count = 0
+    for reverse, method in itertools.product([False, True], ["sequential", "chunked"]):
+        opts = dict(reverse=reverse, method=method, **masks)
+        if method == "chunked":
+            opts["chunk_size"] = 3
+        single = lambda a, b, h0: pscan.linear_recurrence(a, b, h0, **opts)
+        sharded = lambda a, b, h0: pscan.sharded_linear_recurrence(
+            a, b, h0, mesh=mesh, axis_name="time", **opts
+        )
+        what = f"segments reverse={reverse} {method}"
+        close(jax.jit(sharded)(a, b, h0), single(a, b, h0), what)
+        loss = lambda f: lambda a, b, h0: jnp.sum(jnp.sin(f(a, b, h0)))
+        g = jax.grad(loss(sharded), argnums=(0, 1, 2))(a, b, h0)
+        g_ref = jax.grad(loss(single), argnums=(0, 1, 2))(a, b, h0)
+        for x, y, name in zip(g, g_ref, "a b h0".split()):
+            close(x, y, f"{what}: gradient wrt {name}")
+        count += 1
+    cell = eqx.nn.GRUCell(2, 3, key=jax.random.PRNGKey(0), dtype=jnp.float64)
+    xs = jax.random.normal(jax.random.PRNGKey(1), (length, 2), jnp.float64)
+    h0 = 0.1 * jnp.ones(3)
+    tol = dict(rtol=1e-12, atol=1e-12)
+    exact = lambda c, xs, h0: pscan.recurrence(c, xs, h0, **masks).hs
+    loss = lambda f: lambda c, xs, h0: jnp.sum(jnp.sin(f(c, xs, h0)))
+    for solver in (pscan.Picard(chunk_size=3, **tol), pscan.Newton(chunk_size=2, **tol)):
+        sharded = lambda c, xs, h0, s=solver: pscan.sharded_recurrence(
+            c, xs, h0, solver=s, mesh=mesh, axis_name="time", **masks
+        ).hs
+        what = f"segments {solver}"
+        close(eqx.filter_jit(sharded)(cell, xs, h0), exact(cell, xs, h0), what)
+        g = jax.grad(loss(sharded), argnums=(1, 2))(cell, xs, h0)
+        g_ref = jax.grad(loss(exact), argnums=(1, 2))(cell, xs, h0)
+        close(g[0], g_ref[0], f"{what}: gradient wrt xs")
+        close(g[1], g_ref[1], f"{what}: gradient wrt h0")
+        count += 1
+    # the user's own shard_map, checked, 8 steps per device, resets as an input
+    xs, resets = xs[:32], resets[:32]
+    time = PartitionSpec("time")
+    solver = pscan.Newton(chunk_size=4, axis_name="time", **tol)
+    f_checked = jax.shard_map(
+        lambda c, xs, h0, r: pscan.recurrence(
+            c, xs, h0, solver=solver, throw=False, resets=r, length=29
+        ).hs,
+        mesh=mesh,
+        in_specs=(PartitionSpec(), time, PartitionSpec(), time),
+        out_specs=time,
+    )
+    ref = lambda c, xs, h0: pscan.recurrence(c, xs, h0, resets=resets, length=29).hs
+    mine = lambda c, xs, h0: f_checked(c, xs, h0, resets)
+    close(mine(cell, xs, h0), ref(cell, xs, h0), "segments checked")
+    g = jax.grad(loss(mine), argnums=(1, 2))(cell, xs, h0)
+    g_ref = jax.grad(loss(ref), argnums=(1, 2))(cell, xs, h0)
+    close(g[0], g_ref[0], "segments checked: gradient wrt xs")
+    close(g[1], g_ref[1], "segments checked: gradient wrt h0")
     return count + 1
 
 

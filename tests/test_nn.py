@@ -45,8 +45,9 @@ def hand_scan(cell, xs, h0=None, reverse=False):
 
     def body(h, x):
         h = cell(x, h)
-        y = cell.readout(x, h) if isinstance(cell, nn.AbstractCell) else h
-        return h, y
+        if isinstance(cell, nn.AbstractCell):
+            return h, cell.readout(x, h)
+        return h, (h[0] if isinstance(h, tuple) else h)  # an LSTM layer outputs h
 
     return lax.scan(body, h0, xs, reverse=reverse)[1]
 
@@ -278,3 +279,144 @@ def test_lru_through_iterative_solvers(solver):
     loss = lambda m: jnp.sum(m(xs) ** 2)
     g, g_ref = eqx.filter_grad(loss)(other), eqx.filter_grad(loss)(layer)
     assert tree_allclose(g.cell, g_ref.cell, rtol=1e-8, atol=1e-8)
+
+
+def _leaves_close(x, y, **kwargs):
+    return tree_allclose(x, y, **{"rtol": 1e-10, "atol": 1e-10, **kwargs})
+
+
+@pytest.mark.parametrize("name", CELLS)
+def test_carried_state_and_stepping(name):
+    """`return_state=True`: the final state is the cell's own (complex for LRU, `(h, c)`
+    for an LSTM), and two windows with the state carried equal one pass; `step` from
+    `init_state()` generates the same outputs one at a time; fixed-length windows
+    compile once."""
+    cell, xs = make(name, 24)
+    layer = nn.Recurrence(cell, return_state=True)
+    ys, state = layer(xs)
+    assert jax.tree_util.tree_structure(state) == jax.tree_util.tree_structure(
+        initial_state(cell)
+    )
+    traces = []
+
+    @jax.jit
+    def window(x, h):
+        traces.append(None)
+        return layer(x, h)
+
+    h, outs = layer.init_state(), []
+    for x in jnp.split(xs, 3):
+        y, h = window(x, h)
+        outs.append(y)
+    assert len(traces) == 1  # the carried state recompiles nothing
+    assert _leaves_close(jnp.concatenate(outs), ys)
+    assert _leaves_close(h, state)
+    h, outs = layer.init_state(), []
+    for x in xs:
+        y, h = layer.step(x, h)
+        outs.append(y)
+    assert _leaves_close(jnp.stack(outs), ys)
+    assert _leaves_close(h, state)
+
+
+@pytest.mark.parametrize("name", ["ElmanCell", "LRU", "LSTMCell"])
+def test_padded_batch_with_lengths(name):
+    """A right-padded batch under `jax.vmap`, one `length` per sequence: each equals its
+    real prefix alone (forward, and backward from step `length - 1`), padded steps
+    output zeros, and the final state is the one after the last real step."""
+    cell, xs = make(name, 16)
+    batch = jnp.stack([xs, 2 * xs, -xs])
+    lengths = jnp.array([1, 9, 16])
+    for reverse in (False, True):
+        layer = nn.Recurrence(cell, reverse=reverse, return_state=True)
+        run = eqx.filter_jit(jax.vmap(lambda x, n: layer(x, length=n)))
+        ys, states = run(batch, lengths)
+        for i, n in enumerate(lengths.tolist()):
+            y_ref, s_ref = layer(batch[i, :n])
+            assert _leaves_close(ys[i, :n], y_ref)
+            assert not np.any(np.asarray(ys[i, n:]))
+            state = jax.tree_util.tree_map(lambda s: s[i], states)
+            assert _leaves_close(state, s_ref)
+
+
+def test_packed_batch_with_resets():
+    """A packed sequence: each segment's outputs equal the layer on it alone, forward
+    and backward, and in `Bidirectional`."""
+    cell, xs = make("GRUCell", 20)
+    resets = np.isin(np.arange(20), [0, 1, 8, 15])
+    bounds = [(0, 1), (1, 8), (8, 15), (15, 20)]
+    for reverse in (False, True):
+        layer = nn.Recurrence(cell, reverse=reverse)
+        ys = layer(xs, resets=resets)
+        for s, e in bounds:
+            assert _leaves_close(ys[s:e], layer(xs[s:e]))
+    bi = nn.Bidirectional(nn.Recurrence(cell), nn.Recurrence(cell))
+    ys = bi(xs, resets=resets)
+    assert ys.shape == (20, 2 * HIDDEN)
+    for s, e in bounds:
+        assert _leaves_close(ys[s:e], bi(xs[s:e]))
+
+
+def test_bidirectional():
+    """Concatenated forward and backward passes (the backward layer runs backward
+    whatever its own flag), respecting `length`; `return_state` gives both states."""
+    kf, kb, kx = jax.random.split(jax.random.PRNGKey(4), 3)
+    forward = nn.Recurrence(nn.ElmanCell(IN, HIDDEN, key=kf))
+    backward = nn.Recurrence(eqx.nn.LSTMCell(IN, 2, key=kb))
+    xs = jax.random.normal(kx, (11, IN))
+    bi = nn.Bidirectional(forward, backward, return_state=True)
+    ys, (s_f, s_b) = bi(xs, length=7)
+    assert ys.shape == (11, HIDDEN + 2)
+    y_f, ref_f = nn.Recurrence(forward.cell, return_state=True)(xs[:7])
+    reverse = nn.Recurrence(backward.cell, reverse=True, return_state=True)
+    y_b, ref_b = reverse(xs[:7])
+    assert _leaves_close(ys[:7], jnp.concatenate([y_f, y_b], -1))
+    assert not np.any(np.asarray(ys[7:]))
+    assert _leaves_close((s_f, s_b), (ref_f, ref_b))
+    with pytest.raises(ValueError, match="`backward_layer` must be a pscan.nn.Recurrence"):
+        nn.Bidirectional(forward, backward.cell)
+
+
+def test_equinox_sequential_composition():
+    """Layers take `key=` as Equinox layers do: `eqx.nn.Sequential` of pscan layers
+    (an LSTM's outputs are `h`, one array per step) and Equinox layers."""
+    keys = jax.random.split(jax.random.PRNGKey(5), 4)
+    model = eqx.nn.Sequential(
+        [
+            nn.Recurrence(eqx.nn.LSTMCell(IN, HIDDEN, key=keys[0])),
+            nn.Recurrence(nn.LRU(HIDDEN, 8, key=keys[1])),
+            eqx.nn.Lambda(jax.nn.gelu),
+            nn.Bidirectional(
+                nn.Recurrence(nn.MinGRU(HIDDEN, 2, key=keys[2])),
+                nn.Recurrence(nn.ElmanCell(HIDDEN, 2, key=keys[3])),
+            ),
+        ]
+    )
+    xs = jax.random.normal(keys[0], (9, IN))
+    assert eqx.filter_jit(model)(xs, key=keys[1]).shape == (9, 4)
+
+
+@pytest.mark.parametrize("name", CELLS)
+def test_nonfinite_inputs_propagate_without_error(name):
+    """A NaN in `xs`: outputs before it exact, non-finite after it, no exception from
+    inside jit (the default `throw=True`), for linear and nonlinear cells alike."""
+    cell, xs = make(name, 20)
+    bad = xs.at[11, 0].set(jnp.nan)
+    ys = eqx.filter_jit(nn.Recurrence(cell))(bad)
+    assert _leaves_close(ys[:11], hand_scan(cell, xs[:11]))
+    assert not np.any(np.isfinite(np.asarray(ys[11:])).all(axis=-1))
+    newton = nn.Recurrence(cell, solver=pscan.Newton(chunk_size=4))
+    ys = eqx.filter_jit(newton)(bad)
+    assert _leaves_close(ys[:11], hand_scan(cell, xs[:11]), rtol=1e-5, atol=1e-5)
+    assert not np.any(np.isfinite(np.asarray(ys[11:])).all(axis=-1))
+
+
+def test_layer_throw():
+    """`throw=True` raises for a solver that did not converge on finite data;
+    `throw=False` returns the last iterate."""
+    cell, xs = make("GRUCell", 40)
+    solver = pscan.Newton(chunk_size=2, max_iters=1)
+    with pytest.raises(Exception, match="did not converge"):
+        jax.block_until_ready(nn.Recurrence(cell, solver=solver)(xs))
+    ys = nn.Recurrence(cell, solver=solver, throw=False)(xs)
+    assert ys.shape == (40, HIDDEN)

@@ -101,7 +101,7 @@ def _iterate(solver, problem: Problem, xs_chunks):
         return new, it + 1, change, ~rows
 
     inf = jnp.array(jnp.inf, problem.h0.real.dtype)
-    init = (starts, jnp.array(0), inf, jnp.zeros(k, bool))
+    init = (starts, jnp.array(0), inf, varying(jnp.zeros(k, bool), axis))
     return lax.while_loop(cond, body, init)
 
 

@@ -163,9 +163,7 @@ def recurrence(
         g_leaves = jax.tree_util.tree_leaves(guess)
         if jax.tree_util.tree_structure(guess) != jax.tree_util.tree_structure(
             h0
-        ) or any(
-            jnp.shape(g) != (steps, *h.shape) for g, h in zip(g_leaves, h_leaves)
-        ):
+        ) or any(jnp.shape(g) != (steps, *h.shape) for g, h in zip(g_leaves, h_leaves)):
             raise ValueError(
                 f"pscan.recurrence: `guess` must be like the states `hs`: `h0`'s "
                 f"structure with a leading time axis of length {steps}, got "
@@ -187,7 +185,9 @@ def recurrence(
     if restart is None and valid is None:
         problem = Problem(step, cell, xs, h0_flat, project, guess_flat)
     else:
-        problem = _segmented(step, project, cell, xs, h0_flat, guess_flat, restart, valid)
+        problem = _segmented(
+            step, project, cell, xs, h0_flat, guess_flat, restart, valid
+        )
     hs_flat, result, stats = solver.solve(problem)
     hs = jax.vmap(unravel)(_flip(hs_flat) if reverse else hs_flat)
     if throw:

@@ -104,7 +104,12 @@ def sharded_linear_recurrence(
     hs = jax.shard_map(
         fn,
         mesh=mesh,
-        in_specs=(time if timed else PartitionSpec(), time, PartitionSpec(), mask_specs),
+        in_specs=(
+            time if timed else PartitionSpec(),
+            time,
+            PartitionSpec(),
+            mask_specs,
+        ),
         out_specs=time,
         check_vma=False,
     )(a, b, h0, masks)

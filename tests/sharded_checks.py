@@ -253,10 +253,15 @@ def segmented(mesh):
     tol = dict(rtol=1e-12, atol=1e-12)
     exact = lambda c, xs, h0: pscan.recurrence(c, xs, h0, **masks).hs
     loss = lambda f: lambda c, xs, h0: jnp.sum(jnp.sin(f(c, xs, h0)))
-    for solver in (pscan.Picard(chunk_size=3, **tol), pscan.Newton(chunk_size=2, **tol)):
-        sharded = lambda c, xs, h0, s=solver: pscan.sharded_recurrence(
-            c, xs, h0, solver=s, mesh=mesh, axis_name="time", **masks
-        ).hs
+    for solver in (
+        pscan.Picard(chunk_size=3, **tol),
+        pscan.Newton(chunk_size=2, **tol),
+    ):
+        sharded = lambda c, xs, h0, s=solver: (
+            pscan.sharded_recurrence(
+                c, xs, h0, solver=s, mesh=mesh, axis_name="time", **masks
+            ).hs
+        )
         what = f"segments {solver}"
         close(eqx.filter_jit(sharded)(cell, xs, h0), exact(cell, xs, h0), what)
         g = jax.grad(loss(sharded), argnums=(1, 2))(cell, xs, h0)
@@ -269,9 +274,11 @@ def segmented(mesh):
     time = PartitionSpec("time")
     solver = pscan.Newton(chunk_size=4, axis_name="time", **tol)
     f_checked = jax.shard_map(
-        lambda c, xs, h0, r: pscan.recurrence(
-            c, xs, h0, solver=solver, throw=False, resets=r, length=29
-        ).hs,
+        lambda c, xs, h0, r: (
+            pscan.recurrence(
+                c, xs, h0, solver=solver, throw=False, resets=r, length=29
+            ).hs
+        ),
         mesh=mesh,
         in_specs=(PartitionSpec(), time, PartitionSpec(), time),
         out_specs=time,

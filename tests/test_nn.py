@@ -373,7 +373,9 @@ def test_bidirectional():
     assert _leaves_close(ys[:7], jnp.concatenate([y_f, y_b], -1))
     assert not np.any(np.asarray(ys[7:]))
     assert _leaves_close((s_f, s_b), (ref_f, ref_b))
-    with pytest.raises(ValueError, match="`backward_layer` must be a pscan.nn.Recurrence"):
+    with pytest.raises(
+        ValueError, match="`backward_layer` must be a pscan.nn.Recurrence"
+    ):
         nn.Bidirectional(forward, backward.cell)
 
 

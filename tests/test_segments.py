@@ -167,7 +167,9 @@ def test_linear_nan_never_crosses_a_reset():
 
 def test_linear_bad_masks():
     a, b, h0 = make_linear_problem(0, 5)
-    with pytest.raises(ValueError, match=r"`resets` must be a boolean array of shape \(5,\)"):
+    with pytest.raises(
+        ValueError, match=r"`resets` must be a boolean array of shape \(5,\)"
+    ):
         pscan.linear_recurrence(a, b, resets=np.zeros(4, bool))
     with pytest.raises(ValueError, match="`resets` must be a boolean.*int64"):
         pscan.linear_recurrence(a, b, resets=np.zeros(5, int))
@@ -276,9 +278,11 @@ def test_reverse_and_length(solver):
 
     lengths = jnp.array([1, 2, 7, 16, T])
     for reverse in (False, True):
-        run = lambda n: pscan.recurrence(
-            cell, xs, h0, solver=solver, length=n, resets=resets, reverse=reverse
-        ).hs
+        run = lambda n: (
+            pscan.recurrence(
+                cell, xs, h0, solver=solver, length=n, resets=resets, reverse=reverse
+            ).hs
+        )
         out = eqx.filter_jit(jax.vmap(run))(lengths)
         for n, h in zip(lengths, out):
             want = scan_cell_masked(cell, xs, h0, resets, n, reverse)
@@ -332,7 +336,9 @@ def test_nan_in_one_segment(solver):
 
 def test_nonlinear_bad_masks():
     cell, xs, h0 = make_cell()
-    with pytest.raises(ValueError, match=r"pscan.recurrence: `resets` must be a boolean"):
+    with pytest.raises(
+        ValueError, match=r"pscan.recurrence: `resets` must be a boolean"
+    ):
         pscan.recurrence(cell, xs, h0, resets=np.ones(T + 1, bool))
     with pytest.raises(ValueError, match=r"pscan.recurrence: `length` must be"):
         pscan.recurrence(cell, xs, h0, length=jnp.ones(2, int))

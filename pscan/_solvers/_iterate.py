@@ -15,8 +15,8 @@ from jaxtyping import Array, PyTree
 
 from .._axis import everywhere, shift_forward, varying
 from .._chunking import from_chunks, to_chunks
-from .._solution import RESULTS
 from .._linear import linear_recurrence
+from .._solution import RESULTS
 from ._base import Problem, chunk_xs
 
 

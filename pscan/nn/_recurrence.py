@@ -144,7 +144,9 @@ class Recurrence(eqx.Module):
         `ValueError` when the cell does not tell its state's shape (no `hidden_size`
         or `init_state`).
         """
-        state = _zeros_state(self.cell, jnp.result_type(float) if dtype is None else dtype)
+        state = _zeros_state(
+            self.cell, jnp.result_type(float) if dtype is None else dtype
+        )
         if state is None:
             raise ValueError(
                 f"{self._name}: the cell does not tell its state's shape (no `hidden_size` "

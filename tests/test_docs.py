@@ -58,3 +58,25 @@ def test_docs_pages_in_nav_exist():
     nav = (DOCS.parent / "mkdocs.yml").read_text()
     for page in re.findall(r":\s+([\w/]+\.md)", nav):
         assert (DOCS / page).exists(), page
+
+
+# Pages whose code blocks run, in order, as a reader follows them.
+RUNNABLE = ["guides/batches.md"]
+
+
+def python_blocks(page: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", (DOCS / page).read_text(), re.M | re.S)
+
+
+@pytest.mark.parametrize("page", RUNNABLE)
+def test_page_snippets_run(page):
+    """Every Python block of the page, in order, in one namespace: every name a block
+    uses is defined on the page."""
+    blocks = python_blocks(page)
+    assert blocks, page
+    namespace = {"__name__": f"docs/{page}"}
+    for i, block in enumerate(blocks):
+        try:
+            exec(compile(block, f"docs/{page} block {i + 1}", "exec"), namespace)
+        except Exception as e:
+            raise AssertionError(f"docs/{page}, block {i + 1} failed:\n{block}") from e

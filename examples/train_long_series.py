@@ -15,10 +15,20 @@ Models (`--model`):
   (`default`: exact checkpointed `lax.scan` on CPU, chunked Newton on GPU; `newton`:
   `pscan.Newton(chunk_size=128)`; `sequential`: `pscan.Sequential()`).
 
-Writes the loss curve and prediction-vs-truth plots as PNG files.
+After training it prints the validation loss beside fair baselines fitted on the same
+split (the training mean, the last value, a least-squares linear autoregression of 32
+lags), then generates `--forecast` samples beyond the training data free-running: the
+layers read the observed series in parallel, then carry their state (`return_state`)
+and run one step at a time (`Recurrence.step`), fed the model's own forecasts; the same
+against the iterated linear model. `--packed K` trains instead on K series of
+different lengths (their own seeds and delays) packed into one sequence with `resets`:
+one gradient over all of them, each series from the initial state.
+
+Writes the loss curve and the forecasts against the truth as PNG files.
 
     python examples/train_long_series.py                     # LRU, 500k samples, ~2 min on 2 cores
     python examples/train_long_series.py --model gru --solver newton --length 50000
+    python examples/train_long_series.py --packed 16         # 16 series, packed
 """
 
 import argparse
@@ -60,7 +70,10 @@ SOLVERS = {
 
 
 class Forecaster(eqx.Module):
-    """Linear encoder, recurrent layers with residual connections, linear readout."""
+    """Linear encoder, recurrent layers with residual connections, linear readout.
+
+    `model(xs)` reads a whole series in parallel; `model.step(x, states)` reads one
+    more sample with the same layers (their `step`), for free-running generation."""
 
     encoder: eqx.nn.Linear
     layers: list[nn.Recurrence]
@@ -74,30 +87,129 @@ class Forecaster(eqx.Module):
             "mingru": lambda k: nn.MinGRU(hidden, hidden, key=k),
             "gru": lambda k: eqx.nn.GRUCell(hidden, hidden, key=k),
         }[model]
-        self.layers = [nn.Recurrence(cells(k), solver) for k in keys[1:-1]]
+        self.layers = [
+            nn.Recurrence(cells(k), solver, return_state=True) for k in keys[1:-1]
+        ]
         self.head = eqx.nn.Linear(hidden, 1, key=keys[-1])
 
-    def __call__(self, xs):
-        """`xs` of shape `(T,)` -> forecasts `(T,)`."""
+    def __call__(self, xs, states=None, resets=None):
+        """`xs` of shape `(T,)` -> `(forecasts (T,), final states)`; `resets` marks
+        where the series of a packed batch start."""
         u = jax.vmap(self.encoder)(xs[:, None])
-        for layer in self.layers:
-            u = u + jax.nn.gelu(layer(u))
-        return jax.vmap(self.head)(u)[:, 0]
+        states = [None] * len(self.layers) if states is None else states
+        finals = []
+        for layer, h in zip(self.layers, states):
+            y, h = layer(u, h, resets=resets)
+            u = u + jax.nn.gelu(y)
+            finals.append(h)
+        return jax.vmap(self.head)(u)[:, 0], finals
+
+    def step(self, x, states):
+        """One more sample `x` (a scalar) -> `(forecast, new states)`."""
+        u = self.encoder(x[None])
+        new = []
+        for layer, h in zip(self.layers, states):
+            y, h = layer.step(u, h)
+            u = u + jax.nn.gelu(y)
+            new.append(h)
+        return self.head(u)[0], new
+
+
+def free_run(model, observed, steps, horizon):
+    """Generate `steps` samples after `observed`, feeding the model's own forecasts
+    back: the whole observed part in parallel (its forecasts of the next `horizon`
+    samples and the layers' final states), then one `step` per sample, each fed the
+    forecast of that sample made `horizon` steps earlier."""
+    forecasts, states = model(observed)
+    pending = forecasts[-horizon:]  # forecasts of the next `horizon` samples
+
+    def one(carry, _):
+        pending, states = carry
+        x = pending[0]
+        y, states = model.step(x, states)
+        return (jnp.concatenate([pending[1:], y[None]]), states), x
+
+    return jax.lax.scan(one, (pending, states), None, length=steps)[1]
+
+
+def lagged(series, order):
+    """Rows `[x[t-order+1], ..., x[t]]` for `t >= order - 1`."""
+    windows = np.lib.stride_tricks.sliding_window_view(series, order)
+    return np.concatenate([windows, np.ones((len(windows), 1), series.dtype)], 1)
+
+
+class LinearAR:
+    """Least-squares linear autoregression of order `order` on the training part: a
+    direct `horizon`-step forecaster (the model's task) and a one-step model iterated
+    on its own outputs (free-running, as the model generates)."""
+
+    def __init__(self, series, stop, horizon, order=32):
+        self.order, self.horizon = order, horizon
+        x = lagged(series[: stop + horizon], order)
+        # forecasts made at t < stop, of x[t + horizon] and of x[t + 1]
+        self.direct = np.linalg.lstsq(
+            x[: stop - order + 1], series[order - 1 + horizon : stop + horizon], None
+        )[0]
+        self.one = np.linalg.lstsq(
+            x[: stop - order + 1], series[order : stop + 1], None
+        )[0]
+
+    def forecast(self, series):
+        """Direct forecasts of `x[t + horizon]` for `t >= order - 1`."""
+        return lagged(series, self.order) @ self.direct
+
+    def free_run(self, observed, steps):
+        window = list(observed[-self.order :])
+        out = []
+        for _ in range(steps):
+            out.append(
+                float(np.dot(window[-self.order :], self.one[:-1]) + self.one[-1])
+            )
+            window.append(out[-1])
+        return np.array(out)
+
+
+def packed_series(length, count, seed):
+    """`count` Mackey-Glass series with their own seeds and delays, of lengths drawn
+    between `length / (4 count)` and `2 length / count`, packed: `(series, starts)`."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.uniform(0.25, 2.0, count)
+    sizes = np.maximum(np.round(sizes / sizes.sum() * length).astype(int), 64)
+    parts = [
+        mackey_glass(int(n), tau=int(rng.integers(14, 24)), seed=seed + 1 + i)
+        for i, n in enumerate(sizes)
+    ]
+    return np.concatenate(parts), np.cumsum([0, *sizes[:-1]])
 
 
 def make_loss(horizon):
-    def loss(model, series, start, stop):
-        """Mean squared error of the forecasts made at steps `start <= t < stop`."""
-        pred = model(series[:-horizon])
+    def loss(model, series, mask, resets=None):
+        """Mean squared error of the forecasts made at the steps where `mask`."""
+        resets = None if resets is None else resets[:-horizon]
+        pred = model(series[:-horizon], resets=resets)[0]
         err = (pred - series[horizon:]) ** 2
-        t = jnp.arange(err.shape[0])
-        mask = (t >= start) & (t < stop)
         return jnp.sum(jnp.where(mask, err, 0)) / jnp.sum(mask)
 
     return loss
 
 
-def plot(history, series, prediction, horizon, split, out_dir):
+def split_masks(length, horizon, starts):
+    """Per forecast step `t < length - horizon`: `(train, validation, cut)`. Each
+    series (from `starts`) keeps the forecasts whose target lies in it; the first 90%
+    of them train, the rest validate; `cut` is where the last series' validation
+    forecasts start."""
+    t = np.arange(length - horizon)
+    train = np.zeros(len(t), bool)
+    val = np.zeros(len(t), bool)
+    for s, e in zip(starts, [*starts[1:], length]):
+        n = e - s - horizon
+        cut = s + int(0.9 * n)
+        train |= (t >= s) & (t < cut)
+        val |= (t >= cut) & (t < s + n)
+    return train, val, cut
+
+
+def plot(history, truth, forecasts, horizon, out_dir):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -119,18 +231,15 @@ def plot(history, series, prediction, horizon, split, out_dir):
     fig.tight_layout()
     fig.savefig(out_dir / "train_loss.png", dpi=120)
 
-    window = slice(split, split + 1500)
-    t = np.arange(len(series))
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    ax.plot(t[window], series[window], label="truth", lw=1.5)
-    ax.plot(
-        t[window],
-        prediction[window.start - horizon : window.stop - horizon],
-        label=f"forecast made {horizon} steps earlier",
-        lw=1.2,
-    )
-    ax.set_xlabel("sample (validation part)")
-    ax.legend(loc="upper right")
+    fig, axes = plt.subplots(len(forecasts), 1, figsize=(8, 6), sharex=True)
+    t = np.arange(len(truth))
+    for ax, (title, lines) in zip(axes, forecasts.items()):
+        ax.plot(t, truth, label="truth", lw=1.5, color="k")
+        for label, values in lines.items():
+            ax.plot(t, values, label=label, lw=1.1)
+        ax.set_title(title, fontsize=10)
+        ax.legend(loc="upper right", fontsize=8)
+    axes[-1].set_xlabel("samples after the training data")
     fig.tight_layout()
     fig.savefig(out_dir / "train_prediction.png", dpi=120)
     print(
@@ -148,21 +257,35 @@ def main():
     parser.add_argument("--hidden", type=int, default=32)
     parser.add_argument("--depth", type=int, default=2)
     parser.add_argument("--horizon", type=int, default=20)
+    parser.add_argument("--forecast", type=int, default=300)
+    parser.add_argument(
+        "--packed",
+        type=int,
+        default=0,
+        help="train on this many series of different lengths, packed with resets",
+    )
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out-dir", default=".")
     args = parser.parse_args()
+    horizon = args.horizon
 
     start = time.perf_counter()
-    series = jnp.asarray(mackey_glass(args.length, seed=args.seed))
-    n = args.length - args.horizon
-    split = int(0.9 * n)
+    if args.packed:
+        raw, starts = packed_series(args.length, args.packed, args.seed)
+        resets = np.zeros(len(raw), bool)
+        resets[starts] = True
+        what = f"{args.packed} series packed with resets, {len(raw)} samples"
+    else:
+        raw, starts, resets = mackey_glass(args.length, seed=args.seed), [0], None
+        what = f"one series of {len(raw)} samples"
+    series = jnp.asarray(raw)
+    train, val, cut = split_masks(len(raw), horizon, starts)
     print(
-        f"series: {args.length} samples ({time.perf_counter() - start:.1f} s to "
-        f"generate); training on forecasts from steps [0, {split}), validating on "
-        f"[{split}, {n}); model {args.model}, solver {args.solver}, "
-        f"backend {jax.default_backend()}"
+        f"{what} ({time.perf_counter() - start:.1f} s to generate); "
+        f"{train.sum()} training forecasts, {val.sum()} validation ones; model "
+        f"{args.model}, solver {args.solver}, backend {jax.default_backend()}"
     )
 
     model = Forecaster(
@@ -175,54 +298,93 @@ def main():
     schedule = optax.cosine_decay_schedule(args.lr, max(args.steps, 1), alpha=0.1)
     optimiser = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(schedule))
     opt_state = optimiser.init(eqx.filter(model, eqx.is_inexact_array))
-    loss = make_loss(args.horizon)
+    loss = make_loss(horizon)
 
     @eqx.filter_jit
     def train_step(model, opt_state):
-        value, grads = eqx.filter_value_and_grad(loss)(model, series, 0, split)
+        value, grads = eqx.filter_value_and_grad(loss)(model, series, train, resets)
         updates, opt_state = optimiser.update(grads, opt_state, model)
         return eqx.apply_updates(model, updates), opt_state, value
 
-    validate = eqx.filter_jit(lambda model: loss(model, series, split, n))
+    validate = eqx.filter_jit(lambda model: loss(model, series, val, resets))
 
     start = time.perf_counter()
     model_c, _, _ = train_step(model, opt_state)  # compile
     float(validate(model))
     print(f"compiled in {time.perf_counter() - start:.1f} s")
     history = []
-    baseline = float(
-        jnp.mean(
-            (series[args.horizon :][split:n] - series[: -args.horizon][split:n]) ** 2
-        )
-    )
     start = time.perf_counter()
     with tqdm(range(args.steps), desc="training", unit="step") as bar:
         for step in bar:
             model, opt_state, value = train_step(model, opt_state)
-            val = None
+            val_loss = None
             if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
-                val = float(validate(model))
-            history.append((step + 1, float(value), val))
+                val_loss = float(validate(model))
+            history.append((step + 1, float(value), val_loss))
             bar.set_postfix(
-                train=f"{float(value):.4f}", val="-" if val is None else f"{val:.4f}"
+                train=f"{float(value):.4f}",
+                val="-" if val_loss is None else f"{val_loss:.4f}",
             )
     elapsed = time.perf_counter() - start
     final = history[-1][2] if history else float(validate(model))
     print(
         f"{args.steps} steps in {elapsed:.1f} s ({elapsed / max(args.steps, 1):.2f} s "
-        f"per gradient over {split} steps)"
-    )
-    print(
-        f"validation loss {final:.4f} (MSE of standardised values; repeating the last "
-        f"value gives {baseline:.4f})"
+        f"per gradient over {len(raw) - horizon} steps)"
     )
     if not math.isfinite(final):
         raise SystemExit("training diverged")
-    prediction = np.asarray(eqx.filter_jit(model)(series[: -args.horizon]))
+
+    # Baselines on the same split, fitted on the training part of the last series
+    # (the whole series unless packed): its mean, the last value, and a linear
+    # autoregression (least squares, 32 lags)
+    last = raw[starts[-1] :]
+    stop = cut - starts[-1]  # the forecasts made before it train
+    ar = LinearAR(last, stop, horizon)
+    targets = last[horizon:]
+    mask = val[starts[-1] :]
+    mean = float(last[:stop].mean())
+    direct = np.full(len(targets), np.nan)
+    direct[ar.order - 1 :] = ar.forecast(last[:-horizon])
+    mse = lambda pred: float(np.mean((pred[mask] - targets[mask]) ** 2))
+    print(
+        f"validation loss {final:.4f} (MSE of standardised values, {horizon} steps "
+        f"ahead); on the last series' validation part the training mean gives "
+        f"{mse(np.full(len(targets), mean)):.4f}, repeating the last value "
+        f"{mse(last[:-horizon]):.4f}, a linear AR(32) {mse(direct):.4f}"
+    )
+
+    # Free-running: from the end of the last series' training data, the model
+    # generates step by step from its carried state, fed its own forecasts
+    observed = last[: stop + horizon]
+    steps = min(args.forecast, len(last) - len(observed))
+    truth = last[len(observed) : len(observed) + steps]
+    run = eqx.filter_jit(free_run)  # `steps` and `horizon` are static ints
+    generated = np.asarray(run(model, jnp.asarray(observed), steps, horizon))
+    ar_run = ar.free_run(observed, steps)
+    err = lambda pred: float(np.mean((pred - truth) ** 2))
+    print(
+        f"free-running forecast of {steps} samples beyond the training data: MSE "
+        f"{err(generated):.4f} (the training mean {err(np.full(steps, mean)):.4f}, "
+        f"a linear AR(32) iterated {err(ar_run):.4f})"
+    )
     out_dir = pathlib.Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if history:
-        plot(history, np.asarray(series), prediction, args.horizon, split, out_dir)
+        # forecasts of the generated samples made `horizon` steps earlier from the
+        # true series (the task trained on), beside the free-running ones
+        one_pass = np.asarray(eqx.filter_jit(model)(jnp.asarray(last))[0])
+        made = slice(len(observed) - horizon, len(observed) - horizon + steps)
+        forecasts = {
+            f"forecasts made {horizon} steps earlier from the true series": {
+                "model": one_pass[made],
+                "linear AR(32)": direct[made],
+            },
+            "free-running: each model fed its own forecasts": {
+                "model": generated,
+                "linear AR(32), iterated": ar_run,
+            },
+        }
+        plot(history, truth, forecasts, horizon, out_dir)
     del model_c
 
 

@@ -58,6 +58,28 @@ ROOT = pathlib.Path(__file__).parent.parent
             "validation loss",
         ),
         (
+            "examples/train_long_series.py",
+            [
+                "--length",
+                "2000",
+                "--packed",
+                "4",
+                "--steps",
+                "2",
+                "--model",
+                "mingru",
+                "--hidden",
+                "4",
+                "--depth",
+                "1",
+                "--forecast",
+                "30",
+                "--out-dir",
+                "TMP/",
+            ],
+            "free-running forecast of 30 samples",
+        ),
+        (
             "asv_bench/gpu_check.py",
             [
                 "--length",

@@ -9,6 +9,7 @@ the same run (this is what docs/benchmarks.md quotes).
     python asv_bench/tables.py seed       # Elman 32 -> 32, batch 16, T = 524288, gradient
     python asv_bench/tables.py sharding   # sharded linear recurrence on 1, 2, 4 host devices
     python asv_bench/tables.py warmstart  # iterations saved by recurrence(guess=) in training
+    python asv_bench/tables.py packed     # 16 series of different lengths: resets vs padding
 
 Every candidate is compiled first (compile time reported), then the compiled programs are
 timed in interleaved rounds so that machine noise hits all candidates alike (median
@@ -43,6 +44,8 @@ from benchmarks.scenarios import (
     gru_solvers,
     linear_problem,
     linear_programs,
+    packed_problem,
+    packed_programs,
     seed_programs,
     solver_programs,
 )
@@ -288,6 +291,67 @@ def seed(args):
     )
 
 
+def packed(args):
+    """A batch of series of different lengths three ways (`scenarios.packed_programs`),
+    for an exact and a parallel solver: time, XLA temp and iterations, each way
+    against the packed one; and the iterations on the same steps without resets."""
+    cell, xs, h0, lengths = packed_problem(args.length, args.count, args.hidden)
+    tol = dict(rtol=args.tol, atol=args.tol)
+    candidates = {
+        "Sequential()": pscan.Sequential(),
+        f"Newton(chunk_size={args.chunk})": pscan.Newton(chunk_size=args.chunk, **tol),
+    }
+    print(
+        f"# GRU 1 -> {args.hidden}, {args.count} series of {min(lengths)} to "
+        f"{max(lengths)} steps, {sum(lengths)} in all, float32, tol {args.tol}, jax "
+        f"{jax.__version__}, backend {jax.default_backend()}, median of "
+        f"{args.repeats} interleaved runs"
+    )
+    header = ["solver", "way", "iterations", "max abs err", "fwd (ms)", "fwd vs packed"]
+    header += ["grad (ms)", "grad vs packed", "XLA temp fwd (MiB)"]
+    header += ["XLA temp grad (MiB)", "grad temp vs packed"]
+    _row(header)
+    print("|" + "---|" * len(header))
+    reference = None
+    for name, solver in candidates.items():
+        ways = packed_programs(solver, h0, lengths)
+        programs, solved = {}, {}
+        for way, p in ways.items():
+            sol = jax.jit(p["solve"])(cell, xs)
+            if reference is None:
+                reference = sol.hs
+            err = float(jnp.max(jnp.abs(sol.hs - reference)))
+            solved[way] = (int(sol.stats["num_iterations"]), err)
+            programs[way, "fwd"], programs[way, "grad"] = p["fwd"], p["grad"]
+        compiled = compile_all(programs, cell, xs)
+        med = interleaved_medians(compiled, cell, xs, repeats=args.repeats)
+        first = next(iter(ways))
+        temp = {key: temp_mib(exe) for key, (exe, _) in compiled.items()}
+        for way, (iters, err) in solved.items():
+            f, g = med[way, "fwd"], med[way, "grad"]
+            _row(
+                [
+                    name,
+                    way,
+                    iters,
+                    f"{err:.1e}",
+                    f"{f * 1e3:.0f}",
+                    f"{f / med[first, 'fwd']:.2f}x",
+                    f"{g * 1e3:.0f}",
+                    f"{g / med[first, 'grad']:.2f}x",
+                    f"{temp[way, 'fwd']:.0f}",
+                    f"{temp[way, 'grad']:.0f}",
+                    f"{temp[way, 'grad'] / temp[first, 'grad']:.2f}x",
+                ]
+            )
+        if isinstance(solver, pscan.Newton):
+            whole = pscan.recurrence(cell, xs, h0, solver=solver, throw=False)
+            _row(
+                [name, "same steps, no resets", int(whole.stats["num_iterations"])]
+                + [""] * (len(header) - 3)
+            )
+
+
 def _solve_from(solver, h0, warm):
     """`solve(cell, xs, previous)`, starting from `previous` if `warm`."""
     return lambda c, xs, previous: pscan.recurrence(
@@ -463,6 +527,13 @@ def main():
     p.add_argument("--tol", type=float, default=1e-5)
     p.add_argument("--step", type=float, default=1e-3)
     p.add_argument("--repeats", type=int, default=3)
+    p = sub.add_parser("packed", help="series of different lengths: resets vs padding")
+    p.add_argument("--length", type=int, default=2**19)
+    p.add_argument("--count", type=int, default=16)
+    p.add_argument("--hidden", type=int, default=32)
+    p.add_argument("--chunk", type=int, default=128)
+    p.add_argument("--tol", type=float, default=1e-5)
+    p.add_argument("--repeats", type=int, default=3)
     p = sub.add_parser("sharding", help="sharded linear recurrence on host devices")
     p.add_argument("--length", type=int, default=2**20)
     p.add_argument("--channels", type=int, default=32)
@@ -473,6 +544,7 @@ def main():
     args = parser.parse_args()
     commands = {"linear": linear, "solvers": solvers, "seed": seed, "gradmem": gradmem}
     commands.update(warmstart=warmstart, sharding=sharding, deer=deer, chaos=chaos)
+    commands.update(packed=packed)
     commands[args.what](args)
 
 

@@ -177,6 +177,12 @@ ROOT = pathlib.Path(__file__).parent.parent
         ),
         (
             "asv_bench/tables.py",
+            ["packed", "--length", "300", "--count", "3", "--hidden", "3"]
+            + ["--chunk", "8", "--repeats", "1"],
+            "| Newton(chunk_size=8) | same steps, no resets |",
+        ),
+        (
+            "asv_bench/tables.py",
             ["chaos", "--length", "48"],
             "| AR-GRU (16, 5.0, 5.0) | Newton(chunk_size=16) | True | ",
         ),

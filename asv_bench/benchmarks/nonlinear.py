@@ -1,6 +1,6 @@
 """`pscan.recurrence` on a GRU cell (1 -> 32): every solver's forward, gradient and
-iteration count; `Sequential` is a plain `lax.scan`. And the iterations the solvers
-need on chaotic cells."""
+iteration count; `Sequential` is a plain `lax.scan`. The iterations the solvers need
+on chaotic cells. And a batch of series of different lengths, packed or padded."""
 
 import equinox as eqx
 import jax
@@ -15,6 +15,8 @@ from .scenarios import (
     chaos_solvers,
     gru_problem,
     gru_solvers,
+    packed_problem,
+    packed_programs,
     solver_programs,
 )
 
@@ -93,3 +95,44 @@ class ChaoticCells:
 
     track_iterations.unit = "iterations"
     track_residual.unit = "max |h[t] - cell(x[t], h[t-1])|"
+
+
+PACKED_SOLVERS = {
+    "Sequential()": pscan.Sequential(),
+    "Newton(chunk_size=128)": pscan.Newton(chunk_size=128, rtol=1e-5, atol=1e-5),
+}
+
+
+class PackedSeries:
+    """16 GRU series of different lengths (`tables.py packed`): packed with `resets`,
+    one by one, or right-padded under `vmap` with `length`."""
+
+    params = (
+        list(PACKED_SOLVERS),
+        ["packed (resets)", "one by one", "padded (vmap, length)"],
+        sizes([2**19], [2**9]),
+    )
+    param_names = ["solver", "way", "total"]
+    timeout = 900
+    number = 1
+    repeat = (2, 5, 120.0)
+
+    def setup(self, solver, way, total):
+        shortest = 1000 if total >= 2**16 else 4
+        self.cell, self.xs, h0, lengths = packed_problem(total, shortest=shortest)
+        programs = packed_programs(PACKED_SOLVERS[solver], h0, lengths)[way]
+        self.gradient, _ = compile_timed(programs["grad"], self.cell, self.xs)
+        sol = jax.jit(programs["solve"])(self.cell, self.xs)
+        self.iterations = int(sol.stats["num_iterations"])
+
+    def time_gradient(self, *_):
+        run(self.gradient, self.cell, self.xs)
+
+    def track_iterations(self, *_):
+        return self.iterations
+
+    def track_gradient_temp(self, *_):
+        return temp_mib(self.gradient)
+
+    track_iterations.unit = "iterations"
+    track_gradient_temp.unit = "MiB"

@@ -9,6 +9,7 @@ import equinox as eqx
 import jax
 import jax.lax as lax
 import jax.numpy as jnp
+import numpy as np
 
 import pscan
 
@@ -255,4 +256,77 @@ def seed_programs(every=None):
             return jnp.sum(jax.vmap(one)(xs))
 
         programs[f"Sequential(checkpoint={every}), unsplit cell"] = jax.grad(unsplit)
+    return programs
+
+
+# --------------------------------------------------------------------------------------
+# Sequences as users have them: a batch of series of different lengths.
+# --------------------------------------------------------------------------------------
+
+
+def packed_problem(total=2**19, count=16, hidden=32, shortest=1000, seed=0):
+    """`(cell, xs, h0, lengths)`: a random `eqx.nn.GRUCell(1, hidden)` and `count`
+    series of lengths drawn between `shortest` and `64 * shortest` (then scaled to add
+    up to about `total`), packed end to end in `xs` `(T, 1)`."""
+    rng = np.random.default_rng(seed)
+    sizes = np.exp(rng.uniform(np.log(shortest), np.log(64 * shortest), count))
+    sizes = np.clip(sizes * total / sizes.sum(), 1, None).astype(int)
+    cell = eqx.nn.GRUCell(1, hidden, key=jax.random.PRNGKey(0))
+    xs = jax.random.normal(jax.random.PRNGKey(1), (int(sizes.sum()), 1))
+    return cell, xs, jnp.zeros(hidden), [int(n) for n in sizes]
+
+
+def packed_programs(solver, h0, lengths):
+    """Three ways to run a batch of series of different `lengths` (packed end to end
+    in `xs`), each `{"fwd": hs, "grad": d sum(hs) / d cell, "solve": Solution}`:
+
+    - `packed`: one call with `resets` at the series' starts;
+    - `one by one`: one call per series, in one program;
+    - `padded`: the series right-padded to the longest, `jax.vmap` with `length`.
+    """
+    starts = np.cumsum([0, *lengths[:-1]])
+    resets = np.zeros(sum(lengths), bool)
+    resets[starts] = True
+    longest = max(lengths)
+    solve = lambda c, xs, **kw: pscan.recurrence(
+        c, xs, h0, solver=solver, throw=False, **kw
+    )
+
+    def one_by_one(c, xs):
+        sols = [solve(c, xs[s : s + n]) for s, n in zip(starts, lengths)]
+        return pscan.Solution(
+            hs=jnp.concatenate([s.hs for s in sols]),
+            result=sols[0].result,
+            stats={
+                "num_iterations": jnp.max(
+                    jnp.stack([s.stats["num_iterations"] for s in sols])
+                )
+            },
+        )
+
+    def padded(c, xs):
+        rows = [
+            jnp.pad(xs[s : s + n], ((0, longest - n), (0, 0)))
+            for s, n in zip(starts, lengths)
+        ]
+        sol = jax.vmap(lambda x, n: solve(c, x, length=n))(
+            jnp.stack(rows), jnp.array(lengths)
+        )
+        hs = jnp.concatenate([h[:n] for h, n in zip(sol.hs, lengths)])
+        iterations = jnp.max(sol.stats["num_iterations"])
+        return pscan.Solution(hs, sol.result, {"num_iterations": iterations})
+
+    ways = {
+        "packed (resets)": lambda c, xs: solve(c, xs, resets=resets),
+        "one by one": one_by_one,
+        "padded (vmap, length)": padded,
+    }
+    programs = {}
+    for name, way in ways.items():
+        grad = eqx.filter_grad(lambda c, xs, way=way: jnp.sum(way(c, xs).hs))
+        programs[name] = {
+            "fwd": lambda c, xs, way=way: way(c, xs).hs,
+            "grad": lambda c, xs, grad=grad: grad(c, xs),
+            "solve": way,
+        }
     return programs

@@ -168,7 +168,7 @@ class Newton(AbstractShootingSolver):
         # taken as it is (a zero Jacobian, the next start as its end), and its end
         # is marked non-finite again afterwards for `_iterate` to hold
         end_ok = jnp.all(jnp.isfinite(lin_ends), axis=-1)
-        ok = end_ok & jnp.all(jnp.isfinite(a).reshape(a.shape[0], -1), axis=-1)
+        ok = end_ok & jnp.all(jnp.isfinite(a), axis=tuple(range(1, a.ndim)))
         rows = lambda m, x: m.reshape(m.shape + (1,) * (x.ndim - 1))
         a = jnp.where(rows(ok, a), a, 0)
         following = shift_backward(starts, self.axis_name) if sharded else starts[1:]

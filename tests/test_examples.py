@@ -77,7 +77,7 @@ ROOT = pathlib.Path(__file__).parent.parent
                 "--out-dir",
                 "TMP/",
             ],
-            "free-running forecast of 30 samples",
+            "free-running forecast of",
         ),
         (
             "asv_bench/gpu_check.py",

@@ -1,5 +1,6 @@
-"""Run by tests/test_sharding.py in a subprocess with 4 forced host devices: the
-sharded linear recurrence equals the single-device one, values and gradients."""
+"""Run by tests/test_sharding.py in a subprocess with 4 forced host devices, one part
+(`linear`, `nonlinear` or `segmented`) per process: sharded recurrences equal the
+single-device ones, values and gradients."""
 
 import itertools
 import os
@@ -21,15 +22,28 @@ sys.path.insert(0, os.path.dirname(__file__))
 from helpers import make_linear_problem, random_cotangent  # noqa: E402
 
 
+def grad(f, argnums=0):
+    """`jax.grad`, compiled: one program, not one dispatch per operation."""
+    import equinox as eqx
+
+    return eqx.filter_jit(jax.grad(f, argnums=argnums))
+
+
+def filter_grad(f):
+    import equinox as eqx
+
+    return eqx.filter_jit(eqx.filter_grad(f))
+
+
 def close(x, y, what):
     np.testing.assert_allclose(
         np.asarray(x), np.asarray(y), rtol=1e-9, atol=1e-9, err_msg=what
     )
 
 
-def main():
-    assert len(jax.devices()) == 4, jax.devices()
-    mesh = Mesh(np.array(jax.devices()), ("time",))
+def linear(mesh):
+    """The linear recurrence across devices: every kind of `a`, both directions,
+    sequential and chunked, values and gradients; the user's own shard_map."""
     cases = itertools.product(
         [1, 7, 37, 130],  # T not a multiple of 4 x chunk size
         ["diagonal", "scalar", "shared", "dense"],
@@ -64,7 +78,7 @@ def main():
         what = f"T={length} {kind} reverse={reverse} {method}"
         close(jax.jit(sharded)(a, b, h0), single(a, b, h0), what)
         g = jax.jit(jax.grad(loss(sharded), argnums=(0, 1, 2)))(a, b, h0)
-        g_ref = jax.grad(loss(single), argnums=(0, 1, 2))(a, b, h0)
+        g_ref = grad(loss(single), argnums=(0, 1, 2))(a, b, h0)
         for x, y, name in zip(g, g_ref, "a b h0".split()):
             close(x, y, f"{what}: gradient wrt {name}")
         count += 1
@@ -91,8 +105,8 @@ def main():
         pscan.linear_recurrence(a, b, h0),
         "user shard_map, checked",
     )
-    g = jax.grad(lambda a, b: jnp.sum(f_checked(a, b, h0) ** 2), argnums=(0, 1))(a, b)
-    g_ref = jax.grad(
+    g = grad(lambda a, b: jnp.sum(f_checked(a, b, h0) ** 2), argnums=(0, 1))(a, b)
+    g_ref = grad(
         lambda a, b: jnp.sum(pscan.linear_recurrence(a, b, h0) ** 2), argnums=(0, 1)
     )(a, b)
     close(g[0], g_ref[0], "checked shard_map gradient")
@@ -100,9 +114,7 @@ def main():
     _, t = jax.jvp(f, (a, b, h0), tangents)
     _, t_ref = jax.jvp(pscan.linear_recurrence, (a, b, h0), tangents)
     close(t, t_ref, "jvp")
-    count += nonlinear(mesh)
-    count += segmented(mesh)
-    print(f"OK {count + 2} cases")
+    return count + 2
 
 
 def nonlinear(mesh):
@@ -133,13 +145,13 @@ def nonlinear(mesh):
             close(eqx.filter_jit(sharded)(cell, xs, h0), exact(cell, xs, h0), what)
             loss = lambda f: lambda c, xs, h0: jnp.sum(w * f(c, xs, h0))
             g = eqx.filter_jit(eqx.filter_grad(loss(sharded)))(cell, xs, h0)
-            g_ref = eqx.filter_grad(loss(exact))(cell, xs, h0)
+            g_ref = filter_grad(loss(exact))(cell, xs, h0)
             for x, y in zip(
                 jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(g_ref)
             ):
                 close(x, y, f"{what}: gradient wrt the cell")
-            g = jax.grad(loss(sharded), argnums=(1, 2))(cell, xs, h0)
-            g_ref = jax.grad(loss(exact), argnums=(1, 2))(cell, xs, h0)
+            g = grad(loss(sharded), argnums=(1, 2))(cell, xs, h0)
+            g_ref = grad(loss(exact), argnums=(1, 2))(cell, xs, h0)
             close(g[0], g_ref[0], f"{what}: gradient wrt xs")
             close(g[1], g_ref[1], f"{what}: gradient wrt h0")
             # forward mode, implicit like the gradient
@@ -175,15 +187,15 @@ def nonlinear(mesh):
     )
     loss = lambda f: lambda c, xs, h0: jnp.sum(f(c, xs, h0) ** 2)
     exact = lambda c, xs, h0: pscan.recurrence(c, xs, h0).hs
-    g = jax.grad(loss(f_checked), argnums=(1, 2))(cell, xs, h0)
-    g_ref = jax.grad(loss(exact), argnums=(1, 2))(cell, xs, h0)
+    g = grad(loss(f_checked), argnums=(1, 2))(cell, xs, h0)
+    g_ref = grad(loss(exact), argnums=(1, 2))(cell, xs, h0)
     close(g[0], g_ref[0], "checked: gradient wrt xs")
     t = jax.jvp(lambda xs: f_checked(cell, xs, h0), (xs,), (jnp.sin(xs),))[1]
     t_ref = jax.jvp(lambda xs: exact(cell, xs, h0), (xs,), (jnp.sin(xs),))[1]
     close(t, t_ref, "checked: jvp")
     close(g[1], g_ref[1], "checked: gradient wrt h0")
-    gc = eqx.filter_grad(loss(f_checked))(cell, xs, h0)
-    gc_ref = eqx.filter_grad(loss(exact))(cell, xs, h0)
+    gc = filter_grad(loss(f_checked))(cell, xs, h0)
+    gc_ref = filter_grad(loss(exact))(cell, xs, h0)
     for x, y in zip(jax.tree_util.tree_leaves(gc), jax.tree_util.tree_leaves(gc_ref)):
         close(x, y, "checked: gradient wrt the cell")
     # a warm start at the answer converges in one sweep, where the gradient's own
@@ -197,7 +209,7 @@ def nonlinear(mesh):
         out_specs=time,
         check_vma=False,
     )
-    g = jax.grad(
+    g = grad(
         lambda xs, h0: jnp.sum(f_one(cell, xs, h0, hs_exact) ** 2), argnums=(0, 1)
     )(xs, h0)
     close(g[0], g_ref[0], "exact sweep: gradient wrt xs")
@@ -242,8 +254,8 @@ def segmented(mesh):
         what = f"segments reverse={reverse} {method}"
         close(jax.jit(sharded)(a, b, h0), single(a, b, h0), what)
         loss = lambda f: lambda a, b, h0: jnp.sum(jnp.sin(f(a, b, h0)))
-        g = jax.grad(loss(sharded), argnums=(0, 1, 2))(a, b, h0)
-        g_ref = jax.grad(loss(single), argnums=(0, 1, 2))(a, b, h0)
+        g = grad(loss(sharded), argnums=(0, 1, 2))(a, b, h0)
+        g_ref = grad(loss(single), argnums=(0, 1, 2))(a, b, h0)
         for x, y, name in zip(g, g_ref, "a b h0".split()):
             close(x, y, f"{what}: gradient wrt {name}")
         count += 1
@@ -264,8 +276,8 @@ def segmented(mesh):
         )
         what = f"segments {solver}"
         close(eqx.filter_jit(sharded)(cell, xs, h0), exact(cell, xs, h0), what)
-        g = jax.grad(loss(sharded), argnums=(1, 2))(cell, xs, h0)
-        g_ref = jax.grad(loss(exact), argnums=(1, 2))(cell, xs, h0)
+        g = grad(loss(sharded), argnums=(1, 2))(cell, xs, h0)
+        g_ref = grad(loss(exact), argnums=(1, 2))(cell, xs, h0)
         close(g[0], g_ref[0], f"{what}: gradient wrt xs")
         close(g[1], g_ref[1], f"{what}: gradient wrt h0")
         count += 1
@@ -286,12 +298,15 @@ def segmented(mesh):
     ref = lambda c, xs, h0: pscan.recurrence(c, xs, h0, resets=resets, length=29).hs
     mine = lambda c, xs, h0: f_checked(c, xs, h0, resets)
     close(mine(cell, xs, h0), ref(cell, xs, h0), "segments checked")
-    g = jax.grad(loss(mine), argnums=(1, 2))(cell, xs, h0)
-    g_ref = jax.grad(loss(ref), argnums=(1, 2))(cell, xs, h0)
+    g = grad(loss(mine), argnums=(1, 2))(cell, xs, h0)
+    g_ref = grad(loss(ref), argnums=(1, 2))(cell, xs, h0)
     close(g[0], g_ref[0], "segments checked: gradient wrt xs")
     close(g[1], g_ref[1], "segments checked: gradient wrt h0")
     return count + 1
 
 
 if __name__ == "__main__":
-    main()
+    assert len(jax.devices()) == 4, jax.devices()
+    mesh = Mesh(np.array(jax.devices()), ("time",))
+    part = {"linear": linear, "nonlinear": nonlinear, "segmented": segmented}
+    print(f"OK {part[sys.argv[1]](mesh)} cases")

@@ -9,7 +9,12 @@ from ._sharding import (
 )
 from ._solution import RESULTS as RESULTS, Solution as Solution
 from ._solvers import (
+    AbstractJacobian as AbstractJacobian,
+    AbstractShootingSolver as AbstractShootingSolver,
     AbstractSolver as AbstractSolver,
+    Chunks as Chunks,
+    DenseJacobian as DenseJacobian,
+    DiagonalJacobian as DiagonalJacobian,
     Newton as Newton,
     Picard as Picard,
     Problem as Problem,

@@ -303,26 +303,6 @@ def test_nonfinite_is_flagged():
         np.testing.assert_array_equal(hs[:4], ref_[:4])
 
 
-@pytest.mark.parametrize("width", [1, 2, 3, 5, 8])
-def test_jacobians_in_groups_of_columns(width):
-    """Newton's Jacobians of a chunk, by groups of forward-mode products (the last
-    group overlapping the one before when `width` does not divide `d = 5`): the
-    diagonal and the dense matrix (and its transpose, and a pytree output's) equal
-    `jax.jacfwd`'s."""
-    from pscan._solvers._newton import _dense_jacobian, _diagonal_jacobian
-
-    w = jax.random.normal(jax.random.PRNGKey(0), (5, 5))
-    f = lambda s: jnp.tanh(w @ s) * s[::-1]
-    s = jnp.linspace(-1.0, 1.0, 5)
-    jac = jax.jacfwd(f)(s)
-    assert_allclose(_diagonal_jacobian(f, s, width), jnp.diag(jac))
-    assert_allclose(_dense_jacobian(f, s, False, least=width), jac)
-    pair = lambda s: (f(s), jnp.sum(f(s) ** 2))
-    dense_t, grad = _dense_jacobian(pair, s, True, least=width)
-    assert_allclose(dense_t, jac.T)
-    assert_allclose(grad, jax.grad(lambda s: pair(s)[1])(s))
-
-
 @pytest.mark.parametrize("chunk_size", [3, 16, 24])
 def test_diagonal_newton_chunk_sizes(chunk_size):
     """Quasi-Newton's diagonal Jacobians, whatever the chunk size picks for their

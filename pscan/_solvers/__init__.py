@@ -3,6 +3,12 @@ from ._base import (
     Problem as Problem,
     check_positive_int as check_positive_int,
 )
+from ._chunks import Chunks as Chunks
+from ._jacobian import (
+    AbstractJacobian as AbstractJacobian,
+    DenseJacobian as DenseJacobian,
+    DiagonalJacobian as DiagonalJacobian,
+)
 from ._newton import Newton as Newton
 from ._picard import Picard as Picard
 from ._sequential import Sequential as Sequential

@@ -12,11 +12,13 @@ the iterations:
   then one VJP of the chunk runs (end cotangents `mu[k+1]`) gives the cotangents of the
   parameters and inputs, and `mu[0]` that of `h0`.
 
-Both boundary recurrences are solved as the solver's forward pass solved its own
-(`solver._linearise`): dense chunk Jacobians at once with `pscan.linear_recurrence`,
-diagonal ones as a preconditioner of an iteration, none (Picard) by iterating products
-with `J` alone; an iteration that does not converge falls back to an exact sweep over
-the chunks. `_run` is a `custom_jvp` whose tangent is `_tangent`, handed to
+Both boundary recurrences are one `boundary_solve`, with the Jacobian structure the
+solver names (`solver.linearisation()`): an exact one (`DenseJacobian`) solved at once
+with `pscan.linear_recurrence`, an approximate one (`DiagonalJacobian`) as the
+preconditioner of an iteration, none (Picard) by iterating products with `J` alone; an
+iteration that does not converge falls back to an exact sweep over the chunks.
+
+`_run` is a `custom_jvp` whose tangent is `_tangent`, handed to
 `lax.custom_linear_solve` together with `_cotangent` as its transpose: reverse mode
 saves only the inputs and the chunk starts and recomputes in the backward pass.
 
@@ -41,8 +43,9 @@ from .._axis import (
 from .._chunking import from_chunks, to_chunks
 from .._linear import linear_recurrence
 from .._solution import RESULTS
-from ._base import Problem, chunk_xs, finite_result
-from ._iterate import chunk_end, run_chunks, scaled_change, shooting_forward
+from ._base import Problem, finite_result
+from ._chunks import Chunks
+from ._iterate import loop, scaled_change
 
 
 class _Inputs(eqx.Module):
@@ -72,18 +75,11 @@ def _problem(inputs: _Inputs, static: _Static, params=None) -> Problem:
     )
 
 
-def shooting_solve(solver, problem: Problem):
-    """`(hs, result, stats)` of a shooting solver, with the implicit gradient.
-
-    The iteration sees the problem without its derivatives (it is never
-    differentiated); `hs` is the run of every chunk from the converged chunk starts,
-    whose derivative is the implicit one below. With `fallback="sequential"`, a solve
-    that did not converge returns the sequential states themselves.
-    """
-    frozen = jax.tree_util.tree_map(
-        lambda x: lax.stop_gradient(x) if eqx.is_array(x) else x, problem
-    )
-    starts, result, stats = shooting_forward(solver, frozen)
+def implicit_states(solver, problem: Problem, starts, result, stats):
+    """`(hs, result, stats)` from the chunk starts of a finished iteration: every
+    chunk run from its start, with the implicit derivative below. With
+    `fallback="sequential"`, a solve that did not converge returns the sequential
+    states themselves."""
     params, static_params = eqx.partition(problem.params, eqx.is_inexact_array)
     inputs = _Inputs(params, problem.xs, problem.h0)
     static = _Static(problem.step, problem.project, static_params)
@@ -100,8 +96,8 @@ def _run_chunks(inputs, static, solver, starts, fell_back):
     """`(hs, starts)`: every chunk run from its start, or (when the solve fell back)
     the sequential states and the chunk starts they imply."""
     problem = _problem(inputs, static)
-    xs_chunks = chunk_xs(problem, solver.chunk_size)
-    chunked = lambda: (run_chunks(problem, starts, xs_chunks), starts)
+    chunks = Chunks(problem, solver.chunk_size, solver.axis_name)
+    chunked = lambda: (chunks.states(starts), starts)
     if solver.fallback is None:
         return chunked()
 
@@ -193,14 +189,14 @@ def _tangent(inputs, static, solver, starts, t):
     `s_dot[k+1] = J_k s_dot[k] + u[k]`, `s_dot[0] = t.h0`, with `u[k]` chunk k's end
     tangent from the parameters and inputs alone; then the chunk runs' tangent."""
     problem = _problem(inputs, static)
-    c = solver.chunk_size
-    floating, rest = _split_xs(chunk_xs(problem, c))
+    chunks = Chunks(problem, solver.chunk_size, solver.axis_name)
+    floating, rest = _split_xs(chunks.xs)
     zero = jax.tree_util.tree_map(lambda x: jnp.zeros((), x.dtype), t.xs)
-    t_floating = to_chunks(t.xs, c, fill=zero)
+    t_floating = to_chunks(t.xs, solver.chunk_size, fill=zero)
     runs_to_end = _runs(inputs, static, rest, emit=False)
     ends = lambda *args: runs_to_end(*args)[1]
     primal = (inputs.params, starts, floating)
-    # `push(m)[k] = u[k] + J_k m[k]`
+    # `push(m)[k] = u[k] + J_k m[k]`, for the tangents `m` of the chunk starts
     push = lambda m: jax.jvp(ends, primal, (t.params, m, t_floating))[1]
 
     def push_one(m, chunk):  # one chunk's `push`, for the exact sweep
@@ -212,8 +208,11 @@ def _tangent(inputs, static, solver, starts, t):
 
         return jax.jvp(end, (inputs.params, s, floating_k), (t.params, m, t_k))[1]
 
-    chunks = (starts, floating, rest, t_floating)
-    s_dot = tangent_starts(solver, problem, push, push_one, t.h0, chunks)
+    structure = solver.linearisation()
+    jac = None if structure is None else chunks.linearise(structure, starts)
+    per_chunk = (starts, floating, rest, t_floating)
+    t_ends = boundary_solve(solver, jac, push, push_one, per_chunk, t.h0)
+    s_dot = shift_forward(t_ends, t.h0, solver.axis_name)
     runs = lambda *a: _runs(inputs, static, rest)(*a)[0]
     hs_dot = jax.jvp(runs, primal, (t.params, s_dot, t_floating))[1]
     return from_chunks(hs_dot, problem.length)
@@ -245,12 +244,19 @@ def _cotangent(inputs, static, solver, starts, ct_hs):
     problem = _problem(inputs, static)
     axis = solver.axis_name
     c = solver.chunk_size
-    xs_chunks = chunk_xs(problem, c)
-    floating, rest = _split_xs(xs_chunks)
+    chunks = Chunks(problem, c, axis)
+    floating, rest = _split_xs(chunks.xs)
     ct_chunks = to_chunks(ct_hs, c, fill=jnp.zeros_like(ct_hs[0]))
     primal = (inputs.params, starts, floating)
     nan = lambda x: jnp.zeros_like(x) + jnp.nan
     unknown = lambda: jax.tree_util.tree_map(nan, (primal[0], primal[2], starts[0]))
+    structure = solver.linearisation()
+    per_chunk = (starts, chunks.xs, ct_chunks)
+
+    def pull_one(m, chunk):  # one chunk's `pull`, for the exact sweep
+        s, xs_k, ct_k = chunk
+        _, vjp = jax.vjp(lambda s: problem.scan(s, xs_k), s)
+        return vjp((ct_k, m))[0]
 
     def linearised(mu=None):
         # one linearisation of every chunk run, its residuals shared by every product:
@@ -258,24 +264,36 @@ def _cotangent(inputs, static, solver, starts, ct_hs):
         _, vjp = jax.vjp(_runs(inputs, static, rest), *primal)
         pull = lambda m: vjp((ct_chunks, m))
         if mu is None:
-            mu = adjoint_starts(
-                solver, problem, lambda m: pull(m)[1], starts, xs_chunks, ct_chunks
+            jac = None
+            if structure is not None:
+                jac = chunks.linearise(structure, starts).transpose()
+            mu = boundary_solve(
+                solver, jac, lambda m: pull(m)[1], pull_one, per_chunk, None
             )
         ct_params, _, ct_xs = pull(shift_backward(mu, axis))
         return ct_params, ct_xs, mu[0]
 
-    def dense():
-        # dense Jacobians give `mu` before the chunk runs are linearised: the K
-        # Jacobians and the runs' residuals are never alive together
-        mu = dense_adjoint_starts(solver, problem, starts, xs_chunks, ct_chunks)
+    def exact():
+        # an exact Jacobian gives `mu` before the chunk runs are linearised: the K
+        # Jacobians and the runs' residuals are never alive together. `c[k]` is one
+        # more row of the same forward-mode pass: the derivative of the chunk's
+        # weighted sum of states `sum(ct_k * hs_k)` (accumulated as it runs)
+        def end_and_weighted(s, xs_ct):
+            weighted, end = problem.scan(s, xs_ct[0], weights=xs_ct[1])
+            return end, weighted
+
+        jac_t, rhs = structure.linearise(
+            end_and_weighted, starts, (chunks.xs, ct_chunks), transposed=True
+        )
+        mu = boundary_solve(solver, jac_t, None, pull_one, per_chunk, None, rhs=rhs)
         return lax.cond(_all_finite(mu, axis), lambda: linearised(mu), unknown)
 
     # Each stage runs in a conditional on what it needs (finite chunk starts, finite
     # `mu`): XLA allocates a branch's buffers only when it runs, never during the
-    # forward pass or the dense solve, so the peak memory is the larger of the
+    # forward pass or the exact solve, so the peak memory is the larger of the
     # stages', not their sum. Without finite starts (or `mu`) there is no
     # derivative: every cotangent is NaN.
-    backward = dense if solver._jacobian == "dense" else linearised
+    backward = exact if structure is not None and structure.exact else linearised
     ct_params, ct_xs, ct_h0 = lax.cond(_all_finite(starts, axis), backward, unknown)
     ct_xs = from_chunks(ct_xs, problem.length)
     if axis is not None:  # h0 enters on the first device only
@@ -289,137 +307,82 @@ def _all_finite(x, axis):
     return everywhere(finite, axis, lax.pmin) > 0
 
 
-def tangent_starts(solver, problem, push, push_one, t_h0, chunks) -> Array:
-    """`s_dot` with `s_dot[0] = t_h0`, `s_dot[k+1] = push(s_dot)[k]`, where
-    `push(m)[k] = u[k] + J_k m[k]`: the forward twin of `adjoint_starts` (same
-    Jacobians, iteration and exact sweep, in forward time). `chunks` is
-    `(starts, floating inputs, other inputs, their tangents)`, chunk by chunk;
-    `push_one(m, chunk)` is one chunk's `push`."""
-    axis = solver.axis_name
-    starts, floating, rest = chunks[:3]
-    shift = lambda e: shift_forward(e, t_h0, axis)
-    end = lambda s, xs_k: chunk_end(problem, s, xs_k)
-    jac = solver._linearise(end, starts, eqx.combine(floating, rest))
-    if solver._jacobian == "dense":  # the exact recurrence at once
-        return shift(
-            linear_recurrence(jac, push(jnp.zeros_like(starts)), t_h0, axis_name=axis)
-        )
-    sweep = lambda m: shift(push(m))
-    if jac is not None:  # quasi-Newton: m[k] = r[k] + D_{k-1} m[k-1] solved exactly
-        zero = jnp.zeros_like(starts)
-        a = shift_forward(jac, zero[0], axis)
-        solve = lambda r: linear_recurrence(a, r, zero[0], axis_name=axis)
-        sweep = lambda m: m + solve(shift(push(m)) - m)
-    s_dot, converged = _iterate_linear(solver, sweep, starts)
+def boundary_solve(solver, jac, affine, affine_one, per_chunk, edge, rhs=None):
+    """The boundary recurrence of a derivative, over the chunks: forward (the tangent,
+    `edge` its value before the first chunk)
 
-    def exact():  # chunk after chunk; across devices, one round per device
-        step = lambda m, chunk: (push_one(m, chunk), m)
-        local = lambda incoming: lax.scan(step, incoming, chunks)
-        if axis is None:
-            return local(t_h0)[1]
-        incoming = lambda last: shift_forward(last[None], t_h0, axis)[0]
-        rounds = lambda _, carry: local(incoming(carry[0]))
-        return lax.fori_loop(0, lax.psum(1, axis), rounds, local(t_h0))[1]
+        y[k] = affine_k(y[k-1]),  y[-1] = edge,
 
-    return lax.cond(converged, lambda: s_dot, exact)
+    or reverse (the adjoint, `edge=None`): `y[k] = affine_k(y[k+1])`, `y[K] = 0`, where
+    `affine_k(m) = r[k] + L_k m` with `L_k` the chunk Jacobian (its transpose for the
+    adjoint). `y` is the chunk ends' tangent, or the chunk starts' cotangent.
 
+    **Arguments:**
 
-def dense_adjoint_starts(solver, problem, starts, xs_chunks, ct_chunks) -> Array:
-    """`mu` with `mu[k] = c[k] + J_k^T mu[k+1]` (`mu[K] = 0`) from dense chunk
-    Jacobians, at once. `c[k] = (d hs_k / d s_k)^T ct_chunks[k]` is one more row of
-    the same forward-mode pass: the Jacobian of the chunk's weighted sum of states
-    `sum(ct_k * hs_k)` (accumulated as the chunk runs, never stored)."""
-    axis = solver.axis_name
-
-    def end_and_weighted(s, xs_ct):
-        weighted, end = problem.scan(s, xs_ct[0], weights=xs_ct[1])
-        return end, weighted
-
-    jac, c = solver._linearise(
-        end_and_weighted, starts, (xs_chunks, ct_chunks), transposed=True
-    )
-    return _reverse_solve(jac, axis)(c)
-
-
-def _reverse_solve(jac, axis):
-    """`r -> m` with `m[k] = r[k] + jac[k] m[k+1]`, `m[K] = 0`: the boundary
-    recurrence of the adjoint for transposed chunk Jacobians `jac` (dense or
-    diagonal), across devices with `axis`."""
-    if axis is None:  # the last chunk's J multiplies mu[K] = 0 (never inf * 0)
-        jac = jac.at[-1].set(0)
-    return lambda r: linear_recurrence(jac, r, reverse=True, axis_name=axis)
-
-
-def adjoint_starts(solver, problem, pull, starts, xs_chunks, ct_chunks) -> Array:
-    """`mu` with `mu[k] = c[k] + J_k^T mu[k+1]` (`mu[K] = 0`) by iteration, where
-    `pull(m)[k] = c[k] + J_k^T m[k]`, `c[k] = (d hs_k / d s_k)^T ct_chunks[k]`.
-
-    With the diagonal Jacobians of a quasi-Newton forward pass
-    (`solver._linearise`), the diagonal part is solved exactly and the rest iterated;
-    without (Picard), `mu <- pull(shift(mu))`. The iterations use only `pull` (no
-    Jacobian matrix), stop at the solver's tolerances and fall back to an exact
-    sweep over the chunks when they do not converge in `max_iters`.
+    - `jac`: None, or `L` as an `AbstractJacobian`: exact ones are solved at once,
+        others precondition an iteration of exact products.
+    - `affine`: `m -> r + L m` for every chunk at once, `(K, d) -> (K, d)` (not
+        needed, None, when `jac` is exact and `rhs` given).
+    - `affine_one`: `(m, chunk) -> affine_k(m)` for one chunk (`chunk` a slice of
+        `per_chunk`): the exact sweep that an iteration falls back to.
+    - `per_chunk`: a pytree with a leading axis K, what `affine_one` reads.
+    - `edge`: the tangent's initial value, or None for the adjoint.
+    - `rhs`: `r`, if already known (else `affine(0)`).
     """
     axis = solver.axis_name
-    shift = lambda m: shift_backward(m, axis)
-    end = lambda s, xs_k: chunk_end(problem, s, xs_k)
-    jac = solver._linearise(end, starts, xs_chunks, transposed=True)
+    reverse = edge is None
+    like = per_chunk[0]
+    zero = jnp.zeros_like(like[0])
+    edge = zero if reverse else edge
+    if reverse:
+        shift = lambda y: shift_backward(y, axis)
+    else:
+        shift = lambda y: shift_forward(y, edge, axis)
+
+    def solve(r, start):  # `y[k] = r[k] + L_k y[k -+ 1]` exactly, for `jac`
+        a = jac.coefficients()
+        if reverse and axis is None:  # L_{K-1} multiplies y[K] = 0 (never inf * 0)
+            a = a.at[-1].set(0)
+        return linear_recurrence(a, r, start, reverse=reverse, axis_name=axis)
+
+    if jac is not None and jac.exact:
+        return solve(affine(jnp.zeros_like(like)) if rhs is None else rhs, edge)
     if jac is None:
-        sweep = lambda mu: pull(shift(mu))
-    else:  # quasi-Newton: the diagonal part solved exactly, the rest iterated
-        solve = _reverse_solve(jac, axis)
-        sweep = lambda mu: mu + solve(pull(shift(mu)) - mu)
-    mu, converged = _iterate_linear(solver, sweep, starts)
+        sweep = lambda y: affine(shift(y))
+    else:  # the structured part solved exactly, the rest iterated
+        sweep = lambda y: y + solve(affine(shift(y)) - y, zero)
+
+    def body(y):
+        new = sweep(y)
+        size = everywhere(jnp.max(jnp.abs(new), initial=0.0), axis, lax.pmax)
+        change = scaled_change(new, y, solver.rtol, solver.atol * size)
+        return new, everywhere(change, axis, lax.pmax)
+
+    # iterated from zero until it changes by at most `atol * max|y| + rtol * |y|`
+    # (tangents and cotangents have no scale of their own)
+    init = jnp.zeros_like(like)
+    y, _, change = loop(body, init, solver.max_iters, like.real.dtype)
     return lax.cond(
-        converged,
-        lambda: mu,
-        lambda: _exact_sweep(solver, problem, starts, xs_chunks, ct_chunks),
+        change <= 1,
+        lambda: y,
+        lambda: _exact_sweep(affine_one, per_chunk, edge, axis, reverse),
     )
 
 
-def _iterate_linear(solver, sweep, starts):
-    """`sweep` from zero until it changes its value `mu` by at most `atol * max|mu| +
-    rtol * |mu|` (tangents and cotangents have no scale of their own):
-    `(mu, converged)`."""
-    axis = solver.axis_name
-
-    def cond(carry):
-        _, it, change = carry
-        return (it < solver.max_iters) & (change > 1)
-
-    def body(carry):
-        mu, it, _ = carry
-        new = sweep(mu)
-        size = everywhere(jnp.max(jnp.abs(new), initial=0.0), axis, lax.pmax)
-        change = scaled_change(new, mu, solver.rtol, solver.atol * size)
-        change = everywhere(change, axis, lax.pmax)
-        return new, it + 1, change
-
-    inf = jnp.array(jnp.inf, starts.real.dtype)
-    mu, _, change = lax.while_loop(cond, body, (jnp.zeros_like(starts), 0, inf))
-    return mu, change <= 1
-
-
-def _exact_sweep(solver, problem, starts, xs_chunks, ct_chunks):
-    """The adjoint recurrence chunk after chunk, `mu[k]` by the VJP of a rerun of
-    chunk k with cotangents `(ct_chunks[k], mu[k+1])`: exact, sequential over the
-    chunks. Across devices, each device sweeps its block from the next device's first
-    value, as many times as there are devices."""
+def _exact_sweep(affine_one, per_chunk, edge, axis, reverse):
+    """`y[k] = affine_one(y[k -+ 1], chunk k)` chunk after chunk: exact, sequential
+    over the chunks. Across devices, each device sweeps its block from its
+    neighbour's last value, as many times as there are devices."""
 
     def local(incoming):
-        def step(m, inputs):
-            s, xs_k, ct_k = inputs
-            _, vjp = jax.vjp(lambda s: problem.scan(s, xs_k), s)
-            mu_k = vjp((ct_k, m))[0]
-            return mu_k, mu_k
+        step = lambda m, chunk: (lambda y: (y, y))(affine_one(m, chunk))
+        return lax.scan(step, incoming, per_chunk, reverse=reverse)[1]
 
-        _, mu = lax.scan(step, incoming, (starts, xs_chunks, ct_chunks), reverse=True)
-        return mu
-
-    zero = jnp.zeros_like(starts[0])
-    axis = solver.axis_name
     if axis is None:
-        return local(zero)
-    devices = lax.psum(1, axis)
-    incoming = lambda mu: shift_backward(mu, axis)[-1]
-    return lax.fori_loop(0, devices, lambda _, mu: local(incoming(mu)), local(zero))
+        return local(edge)
+    if reverse:
+        incoming = lambda y: shift_backward(y, axis)[-1]
+    else:
+        incoming = lambda y: shift_forward(y, edge, axis)[0]
+    rounds = lambda _, y: local(incoming(y))
+    return lax.fori_loop(0, lax.psum(1, axis), rounds, local(edge))

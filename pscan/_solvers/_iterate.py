@@ -1,34 +1,28 @@
-"""The shooting iteration: chunked runs of the cell and the parallel-in-time loop.
+"""The shooting iteration: one loop for every `AbstractShootingSolver`.
 
-The parallel solvers split time into K chunks of C steps. Their unknowns are the
-chunk-start states `s[k]` (`s[0] = h0`), which satisfy `s[k+1] = F_k(s[k])`, where `F_k`
-runs the cell exactly and sequentially over chunk k. A solver's `_update` maps the
-current chunk starts to new ones; `shooting_forward` iterates it to convergence.
+The parallel solvers split time into K chunks of C steps (`Chunks`). Their unknowns are
+the chunk-start states `s[k]` (`s[0] = h0`), which satisfy `s[k+1] = F_k(s[k])`, where
+`F_k` runs the cell exactly and sequentially over chunk k. A solver's `step` maps the
+current chunk starts (and its own state) to new ones; `shooting_forward` iterates it
+to convergence, and `loop` is the while loop that every iteration here shares (the
+implicit gradient's too).
 """
 
+from collections.abc import Callable
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.lax as lax
 import jax.numpy as jnp
 from jaxtyping import Array, PyTree
 
 from .._axis import everywhere, shift_forward, varying
-from .._chunking import from_chunks, to_chunks
+from .._chunking import to_chunks
 from .._linear import linear_recurrence
 from .._solution import RESULTS
-from ._base import Problem, chunk_xs
-
-
-def chunk_end(problem: Problem, s: Array, xs_k: PyTree[Array]) -> Array:
-    """`F_k(s)`: the state after running one chunk from `s`."""
-    return problem.scan(s, xs_k, emit=False)[1]
-
-
-def run_chunks(problem: Problem, starts: Array, xs_chunks: PyTree[Array]) -> Array:
-    """All chunks from their starts, in parallel: states `(T, d)`."""
-    hs, _ = jax.vmap(problem.scan, in_axes=(0, 0))(starts, xs_chunks)
-    return from_chunks(hs, problem.length)
+from ._base import Problem
+from ._chunks import Chunks
 
 
 def scaled_change(new, old, rtol, atol):
@@ -41,49 +35,64 @@ def scaled_change(new, old, rtol, atol):
     return jnp.max(ratio, initial=0.0)
 
 
+def loop(
+    body: Callable[[PyTree], tuple[PyTree, Array]], init: PyTree, max_iters: int, dtype
+) -> tuple[PyTree, Array, Array]:
+    """`carry, change = body(carry)` from `init` while `change > 1`, at most
+    `max_iters` times: `(carry, iterations, change)` (`change` is inf if none ran)."""
+
+    def cond(c):
+        _, it, change = c
+        return (it < max_iters) & (change > 1)
+
+    def step(c):
+        carry, it, _ = c
+        carry, change = body(carry)
+        return carry, it + 1, change
+
+    inf = jnp.array(jnp.inf, dtype)
+    return lax.while_loop(cond, step, (init, jnp.array(0), inf))
+
+
 def _finite_rows(x):
     """Per chunk start: whether all its entries are finite, `(K,)`."""
     return jnp.all(jnp.isfinite(x), axis=-1)
 
 
-def _iterate(solver, problem: Problem, xs_chunks):
-    """The solver's sweeps in a `while_loop`: `(starts, iterations, change, held)`,
-    `held[k]` whether chunk start k was non-finite in the last sweep (and kept its
-    last value)."""
-    k = jax.tree_util.tree_leaves(xs_chunks)[0].shape[0]
-    axis = solver.axis_name
+def _first_guess(solver, chunks: Chunks) -> Array:
+    """The chunk starts to iterate from: `h0` everywhere, or a warm start's states at
+    the chunk boundaries (`h0` where those are not finite)."""
+    problem, axis = chunks.problem, chunks.axis_name
     if problem.guess is None:
-        starts = jnp.broadcast_to(problem.h0, (k, problem.h0.shape[0]))
-        starts = varying(starts, axis)
-    else:  # a warm start: the guess's states at the chunk boundaries
-        ends = to_chunks(problem.guess, solver.chunk_size, fill=problem.guess[-1])
-        starts = shift_forward(ends[:, -1], problem.h0, axis)
-        starts = jnp.where(jnp.isfinite(starts), starts, problem.h0)
-    end = lambda s, xs_k: chunk_end(problem, s, xs_k)
-    bound = jnp.sqrt(jnp.finfo(problem.h0.dtype).max).astype(problem.h0.dtype)
+        starts = jnp.broadcast_to(problem.h0, (chunks.count, problem.h0.shape[0]))
+        return varying(starts, axis)
+    ends = to_chunks(problem.guess, solver.chunk_size, fill=problem.guess[-1])
+    starts = chunks.shift(ends[:, -1])
+    return jnp.where(jnp.isfinite(starts), starts, problem.h0)
+
+
+def _iterate(solver, chunks: Chunks):
+    """The solver's steps in the shared `loop`: `((starts, state, held), iterations,
+    change)`, `held[k]` whether chunk start k was non-finite in the last step (and
+    kept its last value)."""
+    axis = chunks.axis_name
+    h0 = chunks.h0
+    bound = jnp.sqrt(jnp.finfo(h0.dtype).max).astype(h0.dtype)
 
     def everywhere_all(x):
         return everywhere(jnp.all(x).astype(jnp.int32), axis, lax.pmin) > 0
 
-    def cond(carry):
-        _, it, change, _ = carry
-        return (it < solver.max_iters) & (change > 1)
-
     def body(carry):
-        starts, it, _, _ = carry
-        new = solver._update(end, starts, xs_chunks, problem.h0)
+        starts, state, _ = carry
+        new, state = solver.step(chunks, starts, state)
         rows = _finite_rows(new)
-        # a chunk start that the linearised step made non-finite takes the value of a
-        # Picard sweep from the last guess instead (which always makes progress: one
-        # more chunk becomes exact); the predicate is the same on every device
+        # a chunk start that the step made non-finite takes the value of a Picard
+        # sweep from the last guess instead (which always makes progress: one more
+        # chunk becomes exact); the predicate is the same on every device
         new = lax.cond(
             everywhere_all(rows),
             lambda: new,
-            lambda: jnp.where(
-                rows[:, None],
-                new,
-                shift_forward(jax.vmap(end)(starts, xs_chunks), problem.h0, axis),
-            ),
+            lambda: jnp.where(rows[:, None], new, chunks.shift(chunks.ends(starts))),
         )
         # what is still non-finite follows a non-finite state of the sequential
         # recurrence itself (a non-finite input, or a cell that blows up): it keeps its
@@ -98,22 +107,23 @@ def _iterate(solver, problem: Problem, xs_chunks):
         change = scaled_change(new, starts, solver.rtol, solver.atol)
         change = jnp.where(jnp.any(jnp.abs(new) == bound), jnp.inf, change)
         change = everywhere(change, axis, lax.pmax)
-        return new, it + 1, change, ~rows
+        return (new, state, ~rows), change
 
-    inf = jnp.array(jnp.inf, problem.h0.real.dtype)
-    init = (starts, jnp.array(0), inf, varying(jnp.zeros(k, bool), axis))
-    return lax.while_loop(cond, body, init)
+    starts = _first_guess(solver, chunks)
+    held = varying(jnp.zeros(chunks.count, bool), axis)
+    init = (starts, solver.init(chunks, starts), held)
+    return loop(body, init, solver.max_iters, h0.real.dtype)
 
 
-def _loop_starts(problem: Problem, starts, held, xs_chunks, axis) -> Array:
+def _loop_starts(chunks: Chunks, starts, held) -> Array:
     """The chunk starts of the sequential loop, from converged finite ones and the
     rows that were `held` (non-finite: `F_{k-1}` of a correct start, or `h0`, is).
     A non-finite start stays non-finite to the chunk's end unless the chunk forgets
     it (a reset): `bad[k] = held[k] | (bad[k-1] & carries[k-1])`, a linear recurrence
     over the chunks (across devices too); bad starts become NaN, so the chunk runs
     give non-finite states from the first non-finite step on, as the loop does."""
-    end = jax.vmap(lambda s, xs_k: chunk_end(problem, s, xs_k))
-    carries = ~_finite_rows(end(jnp.full_like(starts, jnp.nan), xs_chunks))
+    axis = chunks.axis_name
+    carries = ~_finite_rows(chunks.ends(jnp.full_like(starts, jnp.nan)))
     real = starts.real.dtype
     carries = shift_forward(carries.astype(real), jnp.zeros((), real), axis)
     bad = linear_recurrence(carries, held.astype(real), axis_name=axis) > 0
@@ -121,7 +131,8 @@ def _loop_starts(problem: Problem, starts, held, xs_chunks, axis) -> Array:
 
 
 def shooting_forward(solver, problem: Problem) -> tuple[Array, RESULTS, dict[str, Any]]:
-    """Iterates `solver._update` on the chunk starts: `(starts, result, stats)`.
+    """Iterates `solver.step` on the chunk starts: `(starts, result, stats)`, never
+    differentiated (the problem's arrays are seen through `stop_gradient`).
 
     Converged means every finite chunk start has converged; the non-finite ones (a
     non-finite input or a cell that blows up) are then those of the sequential loop
@@ -129,15 +140,16 @@ def shooting_forward(solver, problem: Problem) -> tuple[Array, RESULTS, dict[str
     result is left to the caller (it depends on the states of the fallback) and
     `stats["fell_back"]` says whether to take it.
     """
-    xs_chunks = chunk_xs(problem, solver.chunk_size)
-    starts, iters, change, held = _iterate(solver, problem, xs_chunks)
+    frozen = jax.tree_util.tree_map(
+        lambda x: lax.stop_gradient(x) if eqx.is_array(x) else x, problem
+    )
+    chunks = Chunks(frozen, solver.chunk_size, solver.axis_name)
+    (starts, _, held), iters, change = _iterate(solver, chunks)
     axis = solver.axis_name
     finite = everywhere(jnp.any(held).astype(jnp.int32), axis, lax.pmax) == 0
     converged = change <= 1
     starts = lax.cond(
-        finite,
-        lambda: starts,
-        lambda: _loop_starts(problem, starts, held, xs_chunks, axis),
+        finite, lambda: starts, lambda: _loop_starts(chunks, starts, held)
     )
     result = RESULTS.where(
         converged,

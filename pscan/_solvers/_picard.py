@@ -1,9 +1,7 @@
 from typing import ClassVar
 
 import equinox as eqx
-import jax
 
-from .._axis import shift_forward
 from ._base import as_python
 from ._shooting import AbstractShootingSolver
 
@@ -38,5 +36,5 @@ class Picard(AbstractShootingSolver):
     axis_name: str | None = eqx.field(static=True, default=None)
     name: ClassVar[str] = "Picard"
 
-    def _update(self, chunk_end, starts, xs, h0):
-        return shift_forward(jax.vmap(chunk_end)(starts, xs), h0, self.axis_name)
+    def step(self, chunks, starts, state):
+        return chunks.shift(chunks.ends(starts)), state

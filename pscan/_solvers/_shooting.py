@@ -1,20 +1,43 @@
-"""The base class of the parallel-in-time solvers (`Picard`, `Newton`)."""
+"""The protocol of the parallel-in-time solvers (`Picard`, `Newton`, your own)."""
 
 import abc
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import equinox as eqx
-from jaxtyping import Array
+from jaxtyping import Array, PyTree
 
-from ._adjoint import shooting_solve
-from ._base import AbstractSolver, check_positive_int, check_tolerance
+from .._solution import RESULTS
+from ._adjoint import implicit_states
+from ._base import AbstractSolver, Problem, check_positive_int, check_tolerance
+from ._chunks import Chunks
+from ._iterate import shooting_forward
+from ._jacobian import AbstractJacobian
 
 
 class AbstractShootingSolver(AbstractSolver):
-    """Iterates on the chunk-start states, with exact sequential runs inside chunks.
+    """Base class of the solvers that iterate on the chunk-start states, with exact
+    sequential runs inside chunks (`pscan.Picard`, `pscan.Newton`).
 
-    Subclasses give `_update`: the new chunk starts from the current ones. The
-    gradient is implicit (`_adjoint.py`): it never differentiates through iterations.
+    A solver is its `step`: new chunk starts from the current ones (and a solver
+    state of its own, from `init`, that the loop carries from one iteration to the
+    next). The loop around it is shared: it stops when no start moved by more than
+    `atol + rtol * |s|` or after `max_iters` steps, replaces non-finite rows of a step
+    by a Picard sweep, holds iterates that run away at +-sqrt(largest float), and
+    gives the sequential loop's answer on non-finite data. The gradient is implicit,
+    never through the iterations: `linearisation` names the Jacobian structure it may
+    use (`pscan.DenseJacobian`: solved at once; `pscan.DiagonalJacobian`: a
+    preconditioner; None: products with the exact Jacobian only).
+
+    Subclasses declare the fields below (static, as in `pscan.Picard`) and `step`.
+
+    **Fields:**
+
+    - `chunk_size`: steps per chunk.
+    - `max_iters`: the most steps.
+    - `rtol`, `atol`: the convergence tolerances on the chunk starts.
+    - `fallback`: None, or `"sequential"`: the exact sequential states when not
+        converged (`stats["fell_back"]`).
+    - `axis_name`: None, or inside `shard_map` the mesh axis that splits time.
     """
 
     chunk_size: eqx.AbstractVar[int]
@@ -41,30 +64,58 @@ class AbstractShootingSolver(AbstractSolver):
                 "`axis_name` (the exact fallback has no parallelism across devices)"
             )
 
+    def init(self, chunks: Chunks, starts: Array) -> PyTree:
+        """The solver state before the first `step` (default: None).
+
+        **Arguments:**
+
+        - `chunks`: the `pscan.Chunks` of the problem.
+        - `starts`: the first guess of the chunk starts, `(K, d)`.
+
+        **Returns:**
+
+        A pytree of arrays, the same structure, shapes and dtypes as `step` returns.
+        """
+        return None
+
     @abc.abstractmethod
-    def _update(self, chunk_end, starts: Array, xs, h0: Array) -> Array:
-        """New chunk starts `(K, d)` (the first is `h0`) from the current ones;
-        `chunk_end(s, xs_k)` runs one chunk from `s`."""
+    def step(
+        self, chunks: Chunks, starts: Array, state: PyTree
+    ) -> tuple[Array, PyTree]:
+        """One iteration.
 
-    @property
-    def _jacobian(self) -> str | None:
-        """What `_linearise` gives: `"dense"`, `"diagonal"`, or None."""
+        **Arguments:**
+
+        - `chunks`: the `pscan.Chunks` of the problem (`chunks.ends`, `chunks.shift`,
+            `chunks.linearise`, ...).
+        - `starts`: the current chunk starts `(K, d)`; `starts[0]` is `h0` (on the
+            first device).
+        - `state`: the solver state from `init` or the last `step`.
+
+        **Returns:**
+
+        `(new_starts, new_state)`, the new starts with `new_starts[0] = h0`.
+        """
+
+    def linearisation(self) -> type[AbstractJacobian] | None:
+        """The Jacobian structure that the implicit gradient builds and uses.
+
+        **Returns:**
+
+        An `AbstractJacobian` subclass (`pscan.DenseJacobian`: the boundary
+        recurrences are solved at once; `pscan.DiagonalJacobian`: it preconditions an
+        iteration of exact products), or None (the default: products with the exact
+        Jacobian only, as Picard).
+        """
         return None
 
-    def _linearise(
-        self, chunk_end, starts: Array, xs, transposed: bool = False
-    ) -> Array | None:
-        """The chunk Jacobians `J_k` at `starts` that the forward pass uses, and the
-        implicit gradient too: dense `(K, d, d)` (`J_k^T` if `transposed`; a pytree
-        of them if `chunk_end` returns one), diagonal `(K, d)`, or None (no
-        Jacobians: the gradient iterates with vector-Jacobian products only)."""
-        return None
-
-    def solve(self, problem):
+    def solve(self, problem: Problem) -> tuple[Array, RESULTS, dict[str, Any]]:
         if self.axis_name is not None and problem.length % self.chunk_size:
             raise ValueError(
                 f"pscan.{self.name}: with `axis_name`, each device's block of steps must "
                 f"be a multiple of `chunk_size` ({self.chunk_size}), got "
                 f"{problem.length} steps (pscan.sharded_recurrence pads for you)"
             )
-        return shooting_solve(self, problem)
+        # the iteration is never differentiated; the states' derivative is implicit
+        starts, result, stats = shooting_forward(self, problem)
+        return implicit_states(self, problem, starts, result, stats)

@@ -1,0 +1,240 @@
+"""Chunk Jacobians as small linear operators: `DenseJacobian`, `DiagonalJacobian`.
+
+A shooting solver linearises every chunk map `F_k` at its start, `J_k = dF_k/ds`. The
+operators below hold the K Jacobians (or an approximation of them) with the few
+operations that the forward step, the tangent and the adjoint all use: a product
+`mv`, a `transpose`, a scaling, and the coefficients of the linear recurrence over the
+chunks (`pscan.linear_recurrence` takes them as its `a`). Which one a solver uses is a
+type, never a string: `exact` says whether it is the Jacobian itself (the boundary
+recurrences are then solved at once) or an approximation (a preconditioner of an
+iteration that uses exact products).
+"""
+
+import abc
+from collections.abc import Callable
+from typing import ClassVar
+
+import equinox as eqx
+import jax
+import jax.lax as lax
+import jax.numpy as jnp
+from jaxtyping import Array, PyTree
+
+
+class AbstractJacobian(eqx.Module):
+    """The K chunk Jacobians `J_k` of a shooting solver, one structure.
+
+    Subclasses hold the operator and say how to build it (`linearise`), apply it
+    (`mv`), transpose it and hand it to `pscan.linear_recurrence` (`coefficients`).
+    """
+
+    exact: ClassVar[bool]
+
+    @classmethod
+    @abc.abstractmethod
+    def linearise(
+        cls, f: Callable, starts: Array, xs: PyTree, *, transposed: bool = False
+    ) -> "AbstractJacobian | tuple":
+        """The operator of `f(s, x_k)` at every `starts[k]`, `f` vectorised over k.
+
+        **Arguments:**
+
+        - `f`: one chunk's map `f(s, x_k) -> end`, or `-> (end, extra)` where `extra`
+            is a scalar: then the derivative of `extra` comes along (`(operator, grad)`).
+        - `starts`: `(K, d)`.
+        - `xs`: the chunks' inputs, leading axis K.
+        - `transposed`: build `J_k^T` instead of `J_k`.
+
+        **Returns:**
+
+        The operator, or `(operator, d extra / ds)` when `f` returns a pair.
+        """
+
+    @abc.abstractmethod
+    def mv(self, v: Array) -> Array:
+        """The products with every chunk's Jacobian.
+
+        **Returns:**
+
+        `J_k v[k]` for every k, `(K, d)` like `v`.
+        """
+
+    @abc.abstractmethod
+    def transpose(self) -> "AbstractJacobian":
+        """The transposes (not conjugated: JAX's cotangents are transposes).
+
+        **Returns:**
+
+        The operator of `J_k^T`, the same structure.
+        """
+
+    @abc.abstractmethod
+    def coefficients(self) -> Array:
+        """The operator as coefficients of a linear recurrence over the chunks.
+
+        **Returns:**
+
+        `pscan.linear_recurrence`'s `a`: `(K, d, d)` (dense) or `(K, d)` (diagonal).
+        """
+
+    @abc.abstractmethod
+    def rows(self, keep: Array) -> "AbstractJacobian":
+        """Masks whole chunks.
+
+        **Returns:**
+
+        The operator of `J_k` where `keep[k]` (a `(K,)` bool array), zero elsewhere.
+        """
+
+    @abc.abstractmethod
+    def finite(self) -> Array:
+        """Checks the entries.
+
+        **Returns:**
+
+        Per chunk, whether every entry is finite: a `(K,)` bool array.
+        """
+
+    def scale(self, factor) -> "AbstractJacobian":
+        """Scales every Jacobian.
+
+        **Returns:**
+
+        The operator of `factor * J_k`.
+        """
+        return jax.tree_util.tree_map(lambda m: factor * m, self)
+
+
+def _in_groups(f, s, width: int, init, write, out_axes=0):
+    """Forward-mode products of `f` at `s` with the unit vectors, `width` of them at
+    once (vectorised), one group after another: `write(acc, start, columns)` folds
+    each group's products (stacked on `out_axes`) into `acc`, from `init`. Running `f`
+    once per group, `ceil(d / width)` times, with `width` tangents in flight."""
+    d = s.shape[0]
+    columns = jax.vmap(lambda e: jax.jvp(f, (s,), (e,))[1], out_axes=out_axes)
+
+    def group(i, acc):
+        start = jnp.minimum(i * width, d - width)  # the last group may overlap
+        eye = jnp.arange(d)[None, :] == start + jnp.arange(width)[:, None]
+        basis = eye.astype(s.dtype) + jnp.zeros_like(s)  # typed like `s` in shard_map
+        return write(acc, start, columns(basis))
+
+    return lax.fori_loop(0, -(-d // width), group, init)
+
+
+def _dense(f, s, transposed: bool, groups: int = 8, least: int = 16):
+    """`df/ds` by forward mode, its columns in at most `groups` groups of at least
+    `least` columns, one group after another: the tangents in flight at once are
+    about `d / groups` vectors, not `d` (the temporary memory of the gradient of a
+    wide cell), for the price of running `f` itself once per group. Each group is
+    written in place: rows of the transpose if `transposed` (no copy either way).
+    `f` may return a pytree: then the Jacobian is a pytree like it, each leaf `(*S, d)`
+    (`(d, *S)` if `transposed`) for an output leaf of shape `S`."""
+    d = s.shape[0]
+    width = min(d, max(least, -(-d // groups)))
+
+    def write(jac, start, columns):
+        axis = lambda j: 0 if transposed else j.ndim - 1
+        put = lambda j, c: lax.dynamic_update_slice_in_dim(j, c, start, axis(j))
+        return jax.tree_util.tree_map(put, jac, columns)
+
+    def zeros(out):
+        shape = (d, *out.shape) if transposed else (*out.shape, d)
+        return jnp.zeros(shape, out.dtype) + jnp.zeros_like(s)  # typed like `s`
+
+    init = jax.tree_util.tree_map(zeros, jax.eval_shape(f, s))
+    return _in_groups(f, s, width, init, write, out_axes=0 if transposed else -1)
+
+
+def _diagonal(f, s, width: int):
+    """`diag(df/ds)` by forward-mode products, `width` at a time, keeping one entry
+    of each: memory `O(d)` and `width` tangents, never the `d x d` matrix."""
+    width = min(s.shape[0], width)
+
+    def write(diag, start, columns):  # row j of `columns` is column `start + j`
+        block = lax.dynamic_slice_in_dim(columns, start, width, axis=1)
+        return lax.dynamic_update_slice_in_dim(diag, jnp.diagonal(block), start, 0)
+
+    return _in_groups(f, s, width, jnp.zeros_like(s), write)
+
+
+class DenseJacobian(AbstractJacobian):
+    """Full chunk Jacobians, by forward mode in groups of columns (memory `O(K d^2)`).
+    Exact: boundary recurrences with it are solved at once.
+
+    **Attributes:**
+
+    - `matrix`: `(K, d, d)`, `J_k` (or `J_k^T` when built `transposed`).
+    """
+
+    matrix: Array
+    exact: ClassVar[bool] = True
+
+    @classmethod
+    def linearise(cls, f, starts, xs, *, transposed=False):
+        one = lambda s, x: _dense(lambda s: f(s, x), s, transposed)
+        out = jax.vmap(one)(starts, xs)
+        if isinstance(out, tuple):
+            return cls(out[0]), out[1]
+        return cls(out)
+
+    def mv(self, v):
+        return jnp.einsum("kij,kj->ki", self.matrix, v, precision=lax.Precision.HIGHEST)
+
+    def transpose(self):
+        return DenseJacobian(jnp.swapaxes(self.matrix, -1, -2))
+
+    def coefficients(self):
+        return self.matrix
+
+    def rows(self, keep):
+        return DenseJacobian(jnp.where(keep[:, None, None], self.matrix, 0))
+
+    def finite(self):
+        return jnp.all(jnp.isfinite(self.matrix), axis=(-2, -1))
+
+
+class DiagonalJacobian(AbstractJacobian):
+    """The diagonals of the chunk Jacobians (quasi-Newton), by forward mode a few
+    columns at a time, one entry of each kept: memory `O(K d)`. An approximation: the
+    implicit gradient uses it as the preconditioner of an exact iteration.
+
+    **Attributes:**
+
+    - `diagonal`: `(K, d)`, the diagonal of every `J_k`.
+    """
+
+    diagonal: Array
+    exact: ClassVar[bool] = False
+
+    @classmethod
+    def linearise(cls, f, starts, xs, *, transposed=False):
+        # about T / 8 tangents in flight (each a state): `C / 8` products at once for
+        # chunks of C >= 8 steps (at most 16); for shorter chunks one product at a
+        # time over `8 / C` groups of chunks in turn
+        del transposed  # a diagonal is its own transpose
+        c = jax.tree_util.tree_leaves(xs)[0].shape[1]
+        width = min(16, max(1, c // 8))
+
+        one = lambda sx: _diagonal(lambda s: f(s, sx[1]), sx[0], width)
+
+        groups = -(-8 // c)
+        if groups == 1:
+            return cls(jax.vmap(one)((starts, xs)))
+        batch = -(-starts.shape[0] // groups)
+        return cls(lax.map(one, (starts, xs), batch_size=batch))
+
+    def mv(self, v):
+        return self.diagonal * v
+
+    def transpose(self):
+        return self
+
+    def coefficients(self):
+        return self.diagonal
+
+    def rows(self, keep):
+        return DiagonalJacobian(jnp.where(keep[:, None], self.diagonal, 0))
+
+    def finite(self):
+        return jnp.all(jnp.isfinite(self.diagonal), axis=-1)

@@ -1,0 +1,65 @@
+"""The chunk-Jacobian operators: built by forward mode in groups of columns, equal to
+`jax.jacfwd`; products, transposes and row masks as the matrices they stand for."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import pscan
+from pscan._solvers._jacobian import _dense, _diagonal
+
+from .helpers import assert_allclose
+
+W = jax.random.normal(jax.random.PRNGKey(0), (5, 5))
+
+
+def f(s, x=0.0):
+    return jnp.tanh(W @ s + x) * s[::-1]
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 5, 8])
+def test_jacobians_in_groups_of_columns(width):
+    """By groups of forward-mode products (the last group overlapping the one before
+    when `width` does not divide `d = 5`): the diagonal and the dense matrix (and its
+    transpose, and a pytree output's) equal `jax.jacfwd`'s."""
+    s = jnp.linspace(-1.0, 1.0, 5)
+    jac = jax.jacfwd(f)(s)
+    assert_allclose(_diagonal(f, s, width), jnp.diag(jac))
+    assert_allclose(_dense(f, s, False, least=width), jac)
+    pair = lambda s: (f(s), jnp.sum(f(s) ** 2))
+    dense_t, grad = _dense(pair, s, True, least=width)
+    assert_allclose(dense_t, jac.T)
+    assert_allclose(grad, jax.grad(lambda s: pair(s)[1])(s))
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 8, 40])
+def test_operators(chunk):
+    """`linearise` over K chunks (each `x_k` a chunk of `chunk` inputs, summed here),
+    then `mv`, `transpose`, `rows`, `scale`, `finite` and `coefficients`."""
+    k = 3
+    starts = jax.random.normal(jax.random.PRNGKey(1), (k, 5))
+    xs = jax.random.normal(jax.random.PRNGKey(2), (k, chunk, 5))
+    end = lambda s, x: f(s, jnp.sum(x, axis=0))
+    jacs = jnp.stack([jax.jacfwd(end)(s, x) for s, x in zip(starts, xs)])
+    v = jax.random.normal(jax.random.PRNGKey(3), (k, 5))
+    keep = jnp.array([True, False, True])
+
+    dense = pscan.DenseJacobian.linearise(end, starts, xs)
+    assert pscan.DenseJacobian.exact and not pscan.DiagonalJacobian.exact
+    assert_allclose(dense.matrix, jacs)
+    assert_allclose(dense.mv(v), jnp.einsum("kij,kj->ki", jacs, v))
+    assert_allclose(dense.transpose().matrix, jnp.swapaxes(jacs, 1, 2))
+    t = pscan.DenseJacobian.linearise(end, starts, xs, transposed=True)
+    assert_allclose(t.matrix, jnp.swapaxes(jacs, 1, 2))
+    assert_allclose(dense.rows(keep).mv(v)[1], 0 * v[1])
+    assert_allclose(dense.scale(0.5).coefficients(), 0.5 * jacs)
+    assert bool(jnp.all(dense.finite()))
+
+    diagonal = pscan.DiagonalJacobian.linearise(end, starts, xs)
+    diag = jnp.diagonal(jacs, axis1=1, axis2=2)
+    assert_allclose(diagonal.diagonal, diag)
+    assert_allclose(diagonal.mv(v), diag * v)
+    assert diagonal.transpose() is diagonal
+    assert_allclose(diagonal.rows(keep).coefficients()[1], 0 * diag[1])
+    bad = pscan.DiagonalJacobian(diag.at[2, 0].set(jnp.nan))
+    assert [bool(x) for x in bad.finite()] == [True, True, False]

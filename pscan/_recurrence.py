@@ -51,7 +51,9 @@ def recurrence(
 
     **Arguments:**
 
-    - `cell`: a callable pytree, `cell(x_t, h) -> h_next` with `h_next` like `h`.
+    - `cell`: a callable pytree, `cell(x_t, h) -> h_next` with `h_next` like `h`: an
+        `eqx.Module` (its arrays are the parameters), or a plain function, whose
+        closed-over arrays are then parameters too (`eqx.filter_closure_convert`).
     - `xs`: a pytree of arrays with a common leading time axis of length `T >= 1`.
     - `h0`: the initial state, a pytree of floating arrays.
     - `solver`: `pscan.Sequential()` (default, exact), `pscan.Picard(...)` or
@@ -142,6 +144,12 @@ def recurrence(
             f"{_shape_tree(h0)}, got {_shape_tree(out)}"
         )
 
+    if not isinstance(cell, eqx.Module):
+        # a function that closes over arrays (`lambda x, h: jnp.tanh(W @ h + x)`): its
+        # closed-over arrays become leaves of the cell, parameters as a module's are,
+        # so that the solvers' implicit derivatives see them (closed over, they would
+        # leak out of the custom rules as tracers)
+        cell = eqx.filter_closure_convert(cell, x0, h0)
     h0_flat, unravel_flat = ravel_pytree(h0)
     # complex states are solved as real vectors (real parts, then imaginary parts): the
     # solvers' Jacobians are then real `2d x 2d` matrices, right for any cell,

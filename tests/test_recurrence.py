@@ -603,3 +603,26 @@ def test_complex_states(solver):
     t = jax.jvp(run, (xs, h0), tangents)[1]
     t_ref = jax.jvp(lambda xs, h0: scan_cell(cell, xs, h0), (xs, h0), tangents)[1]
     assert_allclose(t, t_ref)
+
+
+@pytest.mark.parametrize("solver", ["picard", "shooting", "quasi-deer"])
+def test_cell_closing_over_parameters(solver):
+    """A plain function closing over an array that is differentiated (not a module):
+    exact gradients and tangents through the implicit rules, as `lax.scan`'s."""
+    w = 0.3 * jax.random.normal(jax.random.PRNGKey(0), (3, 3), jnp.float64)
+    xs = make_xs(LENGTH, n_in=3)
+    h0 = 0.1 * jnp.ones(3)
+
+    def loss(w, solver):
+        cell = lambda x, h: jnp.tanh(w @ h + x)
+        hs = pscan.recurrence(cell, xs, h0, solver=solver).hs
+        return jnp.sum(jnp.sin(hs))
+
+    ours, exact = SOLVERS[solver], pscan.Sequential()
+    assert_allclose(jax.grad(loss)(w, ours), jax.grad(loss)(w, exact))
+    t = jax.jvp(lambda w: loss(w, ours), (w,), (jnp.cos(w),))[1]
+    t_ref = jax.jvp(lambda w: loss(w, exact), (w,), (jnp.cos(w),))[1]
+    assert_allclose(t, t_ref)
+    batch = jnp.stack([w, -w])
+    g = jax.vmap(jax.grad(loss), in_axes=(0, None))(batch, ours)
+    assert_allclose(g[1], jax.grad(loss)(-w, exact))

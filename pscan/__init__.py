@@ -9,6 +9,7 @@ from ._sharding import (
 )
 from ._solution import RESULTS as RESULTS, Solution as Solution
 from ._solvers import (
+    ELK as ELK,
     AbstractJacobian as AbstractJacobian,
     AbstractShootingSolver as AbstractShootingSolver,
     AbstractSolver as AbstractSolver,

@@ -180,6 +180,9 @@ def chaos_solvers(length, atol):
         "Newton(chunk_size=16, damping=0.5)": pscan.Newton(
             chunk_size=16, damping=0.5, **tol
         ),
+        "ELK()": pscan.ELK(**tol),
+        "ELK(diagonal) = quasi-ELK": pscan.ELK(jacobian="diagonal", **tol),
+        "ELK(chunk_size=16)": pscan.ELK(chunk_size=16, **tol),
     }
 
 

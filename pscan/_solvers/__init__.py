@@ -4,6 +4,7 @@ from ._base import (
     check_positive_int as check_positive_int,
 )
 from ._chunks import Chunks as Chunks
+from ._elk import ELK as ELK
 from ._jacobian import (
     AbstractJacobian as AbstractJacobian,
     DenseJacobian as DenseJacobian,

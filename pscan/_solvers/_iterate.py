@@ -107,6 +107,9 @@ def _iterate(solver, chunks: Chunks):
         change = scaled_change(new, starts, solver.rtol, solver.atol)
         change = jnp.where(jnp.any(jnp.abs(new) == bound), jnp.inf, change)
         change = everywhere(change, axis, lax.pmax)
+        # a step that changed nothing on purpose (a rejected trial step) is no sign
+        # of convergence
+        change = jnp.where(solver.unfinished(state), jnp.inf, change)
         return (new, state, ~rows), change
 
     starts = _first_guess(solver, chunks)

@@ -4,6 +4,7 @@ import abc
 from typing import Any, ClassVar
 
 import equinox as eqx
+import jax.numpy as jnp
 from jaxtyping import Array, PyTree
 
 from .._solution import RESULTS
@@ -96,6 +97,17 @@ class AbstractShootingSolver(AbstractSolver):
 
         `(new_starts, new_state)`, the new starts with `new_starts[0] = h0`.
         """
+
+    def unfinished(self, state: PyTree) -> Array:
+        """Whether the loop must go on whatever the last step changed: True after a
+        step that changed nothing on purpose (a rejected trial step of a trust-region
+        method), which is no sign of convergence.
+
+        **Returns:**
+
+        A scalar bool array (default: False).
+        """
+        return jnp.array(False)
 
     def linearisation(self) -> type[AbstractJacobian] | None:
         """The Jacobian structure that the implicit gradient builds and uses.

@@ -1,0 +1,226 @@
+"""ELK: Newton with a Levenberg-Marquardt trust region, its step a Kalman smoother."""
+
+from typing import ClassVar
+
+import equinox as eqx
+import jax
+import jax.lax as lax
+import jax.numpy as jnp
+
+from ._base import as_python
+from ._jacobian import DenseJacobian, DiagonalJacobian
+from ._shooting import AbstractShootingSolver
+
+_STRUCTURES = {"dense": DenseJacobian, "diagonal": DiagonalJacobian}
+_HIGHEST = lax.Precision.HIGHEST
+
+
+class _Dense:
+    """Matrix algebra on `(..., d, d)` blocks."""
+
+    @staticmethod
+    def mm(a, b):
+        return jnp.matmul(a, b, precision=_HIGHEST)
+
+    @staticmethod
+    def mv(a, v):
+        return jnp.einsum("...ij,...j->...i", a, v, precision=_HIGHEST)
+
+    @staticmethod
+    def t(a):
+        return jnp.swapaxes(a, -1, -2)
+
+    @staticmethod
+    def eye(like):
+        return jnp.broadcast_to(jnp.eye(like.shape[-1], dtype=like.dtype), like.shape)
+
+    @staticmethod
+    def solve(m, b):  # m^{-1} b, b a matrix
+        return jnp.linalg.solve(m, b)
+
+    @staticmethod
+    def solve_v(m, v):
+        return jnp.linalg.solve(m, v[..., None])[..., 0]
+
+
+class _Diagonal:
+    """The same algebra on diagonals `(..., d)`: every operation elementwise."""
+
+    mm = staticmethod(lambda a, b: a * b)
+    mv = staticmethod(lambda a, v: a * v)
+    t = staticmethod(lambda a: a)
+    eye = staticmethod(jnp.ones_like)
+    solve = staticmethod(lambda m, b: b / m)
+    solve_v = staticmethod(lambda m, v: v / m)
+
+
+def _smooth(alg, jac, ends, starts, sigma2):
+    """The Levenberg-Marquardt step as the posterior mean of a linear-Gaussian
+    state-space model, by a parallel Kalman filter and Rauch-Tung-Striebel smoother
+    (Särkkä and García-Fernández 2021).
+
+    Unknowns `x_1..x_n` (the chunk starts after `h0`, `n = K - 1`): dynamics
+    `x_{k+1} = J_k x_k + c_k + w_k`, `w_k ~ N(0, I)`, `c_k = F_k(s_k) - J_k s_k`;
+    the prior of `x_1` is `F_0(h0)` with covariance I (`h0` is exact); observations
+    `y_k = s_k` (the current starts) with variance `sigma2`. `jac[k]` is `J_k` for
+    `k = 0..n-1` (the last chunk's is never used), `ends[k] = F_k(s_k)`.
+    """
+    n = starts.shape[0] - 1
+    f = jac[1:]  # J_1 .. J_{n-1}: x_k -> x_{k+1}
+    y = starts[1:]
+    u = ends[1:-1] - alg.mv(f, starts[1:-1])  # c_1 .. c_{n-1}
+    kappa = 1 / (1 + sigma2)
+    eye = alg.eye(jac[:1])[0]
+    # filtering elements (A, b, C, eta, J) for k = 1..n; k = 1 from the prior
+    first_b = ends[0] + kappa * (y[0] - ends[0])
+    first_c = (1 - kappa) * eye
+    a = jnp.concatenate([jnp.zeros_like(eye)[None], (1 - kappa) * f])
+    b = jnp.concatenate([first_b[None], u + kappa * (y[1:] - u)])
+    c = jnp.concatenate([first_c[None], jnp.broadcast_to((1 - kappa) * eye, f.shape)])
+    eta = jnp.concatenate([jnp.zeros_like(y[:1]), kappa * alg.mv(alg.t(f), y[1:] - u)])
+    jj = jnp.concatenate([jnp.zeros_like(eye)[None], kappa * alg.mm(alg.t(f), f)])
+
+    def combine(e1, e2):  # e1 earlier in time, e2 later
+        a1, b1, c1, eta1, j1 = e1
+        a2, b2, c2, eta2, j2 = e2
+        m = alg.eye(c1) + alg.mm(c1, j2)
+        w = alg.solve(
+            m, a1
+        )  # (I + C1 J2)^{-1} A1; its transpose is A1^T (I + J2 C1)^{-1}
+        a12 = alg.mm(a2, w)
+        b12 = alg.mv(a2, alg.solve_v(m, b1 + alg.mv(c1, eta2))) + b2
+        c12 = alg.mm(alg.mm(a2, alg.solve(m, c1)), alg.t(a2)) + c2
+        eta12 = alg.mv(alg.t(w), eta2 - alg.mv(j2, b1)) + eta1
+        j12 = alg.mm(alg.mm(alg.t(w), j2), a1) + j1
+        return a12, b12, c12, eta12, j12
+
+    _, means, covs, _, _ = lax.associative_scan(combine, (a, b, c, eta, jj))
+    if n == 1:
+        return means
+    # smoothing elements (E, g) for k = 1..n-1, then (0, m_n)
+    m_k, p_k = means[:-1], covs[:-1]
+    pf = alg.mm(f, p_k)  # F P
+    gain = alg.t(
+        alg.solve(alg.mm(pf, alg.t(f)) + alg.eye(p_k), pf)
+    )  # P F^T (F P F^T + I)^-1
+    g = m_k - alg.mv(gain, alg.mv(f, m_k) + u)
+    e = jnp.concatenate([gain, jnp.zeros_like(gain[:1])])
+    g = jnp.concatenate([g, means[-1:]])
+
+    def compose(later, earlier):  # x_k = E_k x_{k+1} + g_k, applied backward in time
+        e2, g2 = later
+        e1, g1 = earlier
+        return alg.mm(e1, e2), alg.mv(e1, g2) + g1
+
+    flip = lambda x: jnp.flip(x, 0)
+    _, smoothed = lax.associative_scan(compose, (flip(e), flip(g)))
+    return flip(smoothed)
+
+
+class ELK(AbstractShootingSolver):
+    """ELK: Newton on the chunk starts with a Levenberg-Marquardt trust region whose
+    damped step is solved exactly, in parallel, as a Kalman smoother (Gonzalez et al.,
+    NeurIPS 2024), with a trust radius that adapts from step to step.
+
+    A step minimises the linearised residual `sum_k |s[k+1] - F_k(s_k) - J_k (s_new[k]
+    - s_k)|^2` plus `(1 / radius) sum_k |s_new[k] - s_k|^2`: the posterior mean of a
+    linear-Gaussian model (dynamics `J_k`, observations the current starts with
+    variance `radius`), by a parallel Kalman filter and smoother. `radius -> inf` is
+    Newton (DEER at `chunk_size=1`); `jacobian="diagonal"` is quasi-ELK (memory
+    `O(K d)`). The step is kept if the residual `sum_k |s[k+1] - F_k(s[k])|^2` fell
+    by at least a thousandth of what the linear model predicted; the radius then
+    grows 4x when the prediction was good (ratio above 0.75) and shrinks 4x when it
+    was poor (below 0.25, or rejected). `chunk_size > 1` puts the trust region on the
+    chunk starts, with exact sequential runs inside chunks. The gradient is implicit
+    and exact (the fixed point is the sequential answer).
+
+    **Arguments:**
+
+    - `chunk_size`: steps per chunk (`1`: every step is an unknown, as in DEER).
+    - `jacobian`: `"dense"` or `"diagonal"`.
+    - `radius`: the first trust radius (`sigma^2`, the observations' variance).
+    - `max_iters`: the most steps (rejected ones count).
+    - `rtol`, `atol`: converged when every chunk start changed by at most
+        `atol + rtol * |s|` in an accepted step.
+    - `fallback`: `None`, or `"sequential"` to return the exact sequential solution
+        (and flag `stats["fell_back"]`) when not converged.
+    - `axis_name`: must be None (ELK across devices is not implemented).
+    """
+
+    chunk_size: int = eqx.field(static=True, default=1, converter=as_python)
+    jacobian: str = eqx.field(static=True, default="dense")
+    radius: float = eqx.field(static=True, default=1e4, converter=as_python)
+    max_iters: int = eqx.field(static=True, default=100, converter=as_python)
+    rtol: float = eqx.field(static=True, default=1e-6, converter=as_python)
+    atol: float = eqx.field(static=True, default=1e-6, converter=as_python)
+    fallback: str | None = eqx.field(static=True, default=None)
+    axis_name: str | None = eqx.field(static=True, default=None)
+    name: ClassVar[str] = "ELK"
+
+    def __check_init__(self):
+        if self.jacobian not in _STRUCTURES:
+            raise ValueError(
+                f"pscan.ELK: `jacobian` must be 'dense' or 'diagonal', got {self.jacobian!r}"
+            )
+        r = self.radius
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not r > 0:
+            raise ValueError(
+                f"pscan.ELK: `radius` must be a positive number, got {r!r}"
+            )
+        if self.axis_name is not None:
+            raise ValueError("pscan.ELK: `axis_name` is not supported yet")
+
+    def linearisation(self):
+        return _STRUCTURES[self.jacobian]
+
+    def init(self, chunks, starts):
+        real = starts.real.dtype
+        return {"radius": jnp.asarray(self.radius, real), "unsolved": jnp.array(True)}
+
+    def unfinished(self, state):
+        return state["unsolved"]
+
+    def step(self, chunks, starts, state):
+        if starts.shape[0] == 1:  # one chunk: its start is h0, nothing to solve
+            return starts, {**state, "unsolved": jnp.array(False)}
+        alg = _Dense if self.jacobian == "dense" else _Diagonal
+        radius = state["radius"]
+        ends = chunks.ends(starts)
+        head = jax.tree_util.tree_map(lambda x: x[:-1], chunks.xs)
+        jac = self.linearisation().linearise(chunks.end, starts[:-1], head)
+        jac = jac.coefficients()
+        proposal = jnp.concatenate(
+            [chunks.h0[None], _smooth(alg, jac, ends, starts, radius)]
+        )
+        residual = starts - chunks.shift(ends)  # row 0 is h0 - h0
+        now = jnp.sum(jnp.abs(residual) ** 2)
+        merit = lambda s, e: jnp.sum(jnp.abs(s - chunks.shift(e)) ** 2)
+        # the linear model's residual at the proposal
+        moved = alg.mv(jac, proposal[:-1] - starts[:-1])
+        predicted = jnp.sum(jnp.abs(proposal[1:] - ends[:-1] - moved) ** 2)
+        after = merit(proposal, chunks.ends(proposal))
+        gain, expected = now - after, now - predicted
+        ratio = jnp.where(expected > 0, gain / jnp.where(expected > 0, expected, 1), 0)
+        finite = jnp.isfinite(after)
+        accept = finite & ((ratio > 1e-3) | (gain >= 0) & (expected <= 0))
+        factor = jnp.where(finite & (ratio > 0.75), 4.0, 1.0)
+        factor = jnp.where(~accept | (ratio < 0.25), 0.25, factor)
+        radius = jnp.clip(radius * factor, 1e-12, 1e12).astype(radius.dtype)
+        new = jnp.where(accept | ~jnp.isfinite(now), proposal, starts)
+        # The exact prefix only grows: the leading starts that already solve the
+        # recurrence (residual within the tolerances) stay, and the first one after
+        # them becomes exact (the end of an exact chunk), so that `ceil(T /
+        # chunk_size)` steps always reach the answer, as for Newton and Picard
+        solved = jnp.all(
+            jnp.abs(residual) <= self.atol + self.rtol * jnp.abs(starts), axis=-1
+        )
+        exact = jnp.cumprod(solved) > 0
+        after_exact = ~exact & jnp.concatenate([jnp.array([True]), exact[:-1]])
+        new = jnp.where(exact[:, None], starts, new)
+        new = jnp.where(after_exact[:, None], chunks.shift(ends), new)
+        # converged only once the residual itself is within the tolerances: a short
+        # step (a small radius) is no sign of convergence
+        # (rows that are not finite follow non-finite data: the loop holds them)
+        finite_rows = jnp.all(jnp.isfinite(residual), axis=-1)
+        state = {"radius": radius, "unsolved": ~jnp.all(solved | ~finite_rows)}
+        return new, state

@@ -54,7 +54,7 @@ class _Diagonal:
     solve_v = staticmethod(lambda m, v: v / m)
 
 
-def _smooth(alg, jac, ends, starts, sigma2):
+def _smooth(alg, jac, ends, starts, y, kappa):
     """The Levenberg-Marquardt step as the posterior mean of a linear-Gaussian
     state-space model, by a parallel Kalman filter and Rauch-Tung-Striebel smoother
     (Särkkä and García-Fernández 2021).
@@ -62,23 +62,26 @@ def _smooth(alg, jac, ends, starts, sigma2):
     Unknowns `x_1..x_n` (the chunk starts after `h0`, `n = K - 1`): dynamics
     `x_{k+1} = J_k x_k + c_k + w_k`, `w_k ~ N(0, I)`, `c_k = F_k(s_k) - J_k s_k`;
     the prior of `x_1` is `F_0(h0)` with covariance I (`h0` is exact); observations
-    `y_k = s_k` (the current starts) with variance `sigma2`. `jac[k]` is `J_k` for
-    `k = 0..n-1` (the last chunk's is never used), `ends[k] = F_k(s_k)`.
+    `y[k]` with variance `sigma2_k`, given as `kappa[k] = 1 / (1 + sigma2_k)` (1: the
+    row is known exactly). `jac[k]` is `J_k` for `k = 0..n-1` (the last chunk's is
+    never used), `ends[k] = F_k(s_k)`.
     """
     n = starts.shape[0] - 1
     f = jac[1:]  # J_1 .. J_{n-1}: x_k -> x_{k+1}
-    y = starts[1:]
     u = ends[1:-1] - alg.mv(f, starts[1:-1])  # c_1 .. c_{n-1}
-    kappa = 1 / (1 + sigma2)
     eye = alg.eye(jac[:1])[0]
+    row = lambda k, x: k.reshape(k.shape + (1,) * (x.ndim - 1))
+    k1, kr = kappa[:1], kappa[1:]
     # filtering elements (A, b, C, eta, J) for k = 1..n; k = 1 from the prior
-    first_b = ends[0] + kappa * (y[0] - ends[0])
-    first_c = (1 - kappa) * eye
-    a = jnp.concatenate([jnp.zeros_like(eye)[None], (1 - kappa) * f])
-    b = jnp.concatenate([first_b[None], u + kappa * (y[1:] - u)])
-    c = jnp.concatenate([first_c[None], jnp.broadcast_to((1 - kappa) * eye, f.shape)])
-    eta = jnp.concatenate([jnp.zeros_like(y[:1]), kappa * alg.mv(alg.t(f), y[1:] - u)])
-    jj = jnp.concatenate([jnp.zeros_like(eye)[None], kappa * alg.mm(alg.t(f), f)])
+    first_b = ends[:1] + row(k1, y[:1]) * (y[:1] - ends[:1])
+    first_c = (1 - row(k1, eye[None])) * eye[None]
+    a = jnp.concatenate([jnp.zeros_like(eye)[None], row(1 - kr, f) * f])
+    b = jnp.concatenate([first_b, u + row(kr, u) * (y[1:] - u)])
+    c = jnp.concatenate([first_c, row(1 - kr, f) * jnp.broadcast_to(eye, f.shape)])
+    eta = jnp.concatenate(
+        [jnp.zeros_like(y[:1]), row(kr, u) * alg.mv(alg.t(f), y[1:] - u)]
+    )
+    jj = jnp.concatenate([jnp.zeros_like(eye)[None], row(kr, f) * alg.mm(alg.t(f), f)])
 
     def combine(e1, e2):  # e1 earlier in time, e2 later
         a1, b1, c1, eta1, j1 = e1
@@ -189,35 +192,47 @@ class ELK(AbstractShootingSolver):
         head = jax.tree_util.tree_map(lambda x: x[:-1], chunks.xs)
         jac = self.linearisation().linearise(chunks.end, starts[:-1], head)
         jac = jac.coefficients()
-        proposal = jnp.concatenate(
-            [chunks.h0[None], _smooth(alg, jac, ends, starts, radius)]
-        )
+        # the leading starts that already solve the recurrence (residual within the
+        # tolerances) are kept exactly, and the first one after them becomes exact
+        # (the end of an exact chunk): observed with variance 0. So the exact prefix
+        # only grows, and `ceil(T / chunk_size)` steps always reach the answer, as
+        # for Newton and Picard; the trust region acts on the rest
+        tolerance = lambda s: self.atol + self.rtol * jnp.abs(s)
+        solved_rows = lambda s, r: jnp.all(jnp.abs(r) <= tolerance(s), axis=-1)
         residual = starts - chunks.shift(ends)  # row 0 is h0 - h0
+        solved = solved_rows(starts, residual)
+        exact = jnp.cumprod(solved) > 0
+        after_exact = ~exact & jnp.concatenate([jnp.array([True]), exact[:-1]])
+        known = (exact | after_exact)[1:]
+        y = jnp.where(after_exact[:, None], chunks.shift(ends), starts)[1:]
+        kappa = jnp.where(known, 1.0, 1 / (1 + radius)).astype(radius.dtype)
+        proposal = jnp.concatenate(
+            [chunks.h0[None], _smooth(alg, jac, ends, starts, y, kappa)]
+        )
+        leading = lambda solved: jnp.sum(jnp.cumprod(solved))
         now = jnp.sum(jnp.abs(residual) ** 2)
-        merit = lambda s, e: jnp.sum(jnp.abs(s - chunks.shift(e)) ** 2)
-        # the linear model's residual at the proposal
+        # the linear model's residual at the proposal, and the true one
         moved = alg.mv(jac, proposal[:-1] - starts[:-1])
         predicted = jnp.sum(jnp.abs(proposal[1:] - ends[:-1] - moved) ** 2)
-        after = merit(proposal, chunks.ends(proposal))
+        residual_new = proposal - chunks.shift(chunks.ends(proposal))
+        after = jnp.sum(jnp.abs(residual_new) ** 2)
         gain, expected = now - after, now - predicted
         ratio = jnp.where(expected > 0, gain / jnp.where(expected > 0, expected, 1), 0)
         finite = jnp.isfinite(after)
-        accept = finite & ((ratio > 1e-3) | (gain >= 0) & (expected <= 0))
+        # a step is taken when the residual fell by a fair part of what the linear
+        # model predicted (the trust-region test), or when it solved more leading
+        # steps than a rejected step would (Newton's own kind of progress, which
+        # on chaotic cells comes with a larger residual further on)
+        ahead = leading(solved_rows(proposal, residual_new)) > leading(solved) + 1
+        good = (ratio > 1e-3) | (gain >= 0) & (expected <= 0)
+        accept = finite & (good | ahead)
         factor = jnp.where(finite & (ratio > 0.75), 4.0, 1.0)
-        factor = jnp.where(~accept | (ratio < 0.25), 0.25, factor)
+        factor = jnp.where(~good | (ratio < 0.25), 0.25, factor)
+        factor = jnp.where(finite & ahead, 4.0, factor)
         radius = jnp.clip(radius * factor, 1e-12, 1e12).astype(radius.dtype)
-        new = jnp.where(accept | ~jnp.isfinite(now), proposal, starts)
-        # The exact prefix only grows: the leading starts that already solve the
-        # recurrence (residual within the tolerances) stay, and the first one after
-        # them becomes exact (the end of an exact chunk), so that `ceil(T /
-        # chunk_size)` steps always reach the answer, as for Newton and Picard
-        solved = jnp.all(
-            jnp.abs(residual) <= self.atol + self.rtol * jnp.abs(starts), axis=-1
-        )
-        exact = jnp.cumprod(solved) > 0
-        after_exact = ~exact & jnp.concatenate([jnp.array([True]), exact[:-1]])
-        new = jnp.where(exact[:, None], starts, new)
-        new = jnp.where(after_exact[:, None], chunks.shift(ends), new)
+        # a rejected step still makes one more start exact
+        kept = jnp.where(after_exact[:, None], chunks.shift(ends), starts)
+        new = jnp.where(accept | ~jnp.isfinite(now), proposal, kept)
         # converged only once the residual itself is within the tolerances: a short
         # step (a small radius) is no sign of convergence
         # (rows that are not finite follow non-finite data: the loop holds them)

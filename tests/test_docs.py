@@ -61,7 +61,7 @@ def test_docs_pages_in_nav_exist():
 
 
 # Pages whose code blocks run, in order, as a reader follows them.
-RUNNABLE = ["guides/batches.md", "guides/solvers.md"]
+RUNNABLE = ["guides/batches.md", "guides/solvers.md", "guides/multi_device.md"]
 
 
 def python_blocks(page: str) -> list[str]:

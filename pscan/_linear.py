@@ -428,9 +428,11 @@ def _auto_method() -> str:
 
 
 def _as_array(name, x):
+    if x is None:
+        raise ValueError(f"pscan.linear_recurrence: `{name}` is None, not an array")
     try:
         return jnp.asarray(x)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise ValueError(
             f"pscan.linear_recurrence: `{name}` is not an array: {e}"
         ) from None
@@ -441,26 +443,6 @@ def _broadcasts_to(shape, target) -> bool:
         return np.broadcast_shapes(shape, target) == tuple(target)
     except ValueError:
         return False
-
-
-def _check_dtype(name, x, dtype):
-    weak = getattr(x, "weak_type", False)
-    if not jnp.issubdtype(x.dtype, jnp.inexact) and not weak:
-        raise ValueError(
-            f"pscan.linear_recurrence: `{name}` must be floating or complex, got dtype {x.dtype}"
-        )
-    if x.dtype != dtype:
-        if weak and jnp.can_cast(x.dtype, dtype, casting="same_kind"):
-            return x.astype(dtype)
-        if jnp.finfo(x.dtype).bits == jnp.finfo(dtype).bits and jnp.issubdtype(
-            dtype, jnp.complexfloating
-        ):  # real coefficients of a complex recurrence (e.g. S5, LinOSS)
-            return x.astype(dtype)
-        raise ValueError(
-            f"pscan.linear_recurrence: `{name}` has dtype {x.dtype} but `b` has dtype {dtype}; "
-            "cast them to one dtype"
-        )
-    return x
 
 
 def linear_recurrence(
@@ -555,19 +537,22 @@ def linear_recurrence(
         chunk_size = int(chunk_size)
     b = _as_array("b", b)
     a = _as_array("a", a)
+    h0 = None if h0 is None else _as_array("h0", h0)
     if b.ndim == 0:
         raise ValueError(
             "pscan.linear_recurrence: `b` must have a leading time axis, got a scalar"
         )
-    if not jnp.issubdtype(b.dtype, jnp.inexact):
+    # one dtype for the states, by JAX's promotion rules, alike for `a`, `b` and `h0`
+    # (a Python scalar or list adapts to the arrays)
+    given = [x for x in (a, b, h0) if x is not None]
+    dtype = jnp.result_type(*given)
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        names = "`a`, `b`" + ("" if h0 is None else ", `h0`")
         raise ValueError(
-            f"pscan.linear_recurrence: `b` must be floating or complex, got dtype {b.dtype}"
+            f"pscan.linear_recurrence: the states must be floating or complex, but "
+            f"{names} have dtypes {', '.join(str(x.dtype) for x in given)}"
         )
-    if jnp.issubdtype(a.dtype, jnp.complexfloating) and not jnp.issubdtype(
-        b.dtype, jnp.complexfloating
-    ):  # complex coefficients make the states complex
-        b = b.astype(jnp.result_type(b.dtype, a.dtype))
-    a = _check_dtype("a", a, b.dtype)
+    a, b = a.astype(dtype), b.astype(dtype)
     steps, state = b.shape[0], b.shape[1:]
     dense = a.ndim == b.ndim + 1
     if dense:
@@ -612,7 +597,7 @@ def linear_recurrence(
     if h0 is None:
         h0 = jnp.zeros(state, b.dtype)
     else:
-        h0 = _check_dtype("h0", _as_array("h0", h0), b.dtype)
+        h0 = h0.astype(dtype)
         if h0.shape != state:
             raise ValueError(
                 f"pscan.linear_recurrence: `h0` must have shape {state} (that of `b` "

@@ -404,25 +404,11 @@ def test_no_buffer_copy_inside_loops(method, shared):
             r"only applies to method='chunked'",
         ),
         (
-            (np.ones((5, 3), np.float32), np.ones((5, 3), np.float64)),
+            (np.ones((5, 3), np.int32), np.ones((5, 3), np.int32)),
             {},
-            r"`a` has dtype float32 but `b` has dtype float64",
+            r"the states must be floating or complex, but `a`, `b` have dtypes int32, int32",
         ),
-        (
-            (np.ones((5, 3)), np.ones((5, 3)), np.ones(3, np.complex128)),
-            {},
-            r"`h0` has dtype complex128",
-        ),
-        (
-            (np.ones((5, 3)), np.ones((5, 3), np.int32)),
-            {},
-            r"`b` must be floating or complex, got dtype int32",
-        ),
-        (
-            (np.ones((5, 3), np.int32), np.ones((5, 3))),
-            {},
-            r"`a` must be floating or complex",
-        ),
+        ((None, np.ones((5, 3))), {}, r"`a` is None, not an array"),
         ((np.ones(()), np.ones(())), {}, r"`b` must have a leading time axis"),
         (
             (np.eye(3), np.ones((7, 3))),
@@ -481,3 +467,33 @@ def test_growing_dense_coefficients_never_nan_where_sequential_is_finite(method)
     assert np.isfinite(ref).all()
     hs = np.asarray(pscan.linear_recurrence(a, b, **_kwargs(method, 8)))
     np.testing.assert_allclose(hs, ref, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "a_dtype, b_dtype, h0",
+    [
+        (np.float32, np.float64, None),
+        (np.float64, np.float32, None),
+        (np.float64, np.complex64, None),
+        (np.complex64, np.float64, None),
+        (np.float16, np.complex64, None),
+        (np.int32, np.float32, None),
+        (np.float32, np.int32, None),
+        (np.float64, np.float64, np.array([1, 2, 3])),
+        (np.float64, np.float64, np.ones(3, np.complex128)),
+    ],
+)
+def test_dtypes_promote(a_dtype, b_dtype, h0):
+    """`a`, `b` and `h0` take one dtype by `jnp.result_type`, alike in every argument:
+    the states equal the float64 / complex128 reference in that dtype."""
+    a = (0.5 + np.arange(15).reshape(5, 3) % 3 / 8).astype(a_dtype)
+    b = (np.arange(15).reshape(5, 3) % 4 - 1).astype(b_dtype)
+    dtype = jnp.result_type(*(x for x in (a, b, h0) if x is not None))
+    hs = pscan.linear_recurrence(a, b, h0)
+    assert hs.dtype == dtype
+    ref = reference_linear(
+        a.astype(np.complex128), b.astype(np.complex128), None if h0 is None else h0
+    )
+    tol = 1e-3 if np.finfo(dtype).bits <= 32 else 1e-12
+    ref = ref if jnp.iscomplexobj(hs) else ref.real
+    np.testing.assert_allclose(np.asarray(hs), ref, rtol=tol, atol=tol)

@@ -177,6 +177,12 @@ def recurrence(
                 f"structure with a leading time axis of length {steps}, got "
                 f"{_shape_tree(guess)} for `h0` {_shape_tree(h0)}"
             )
+        for g, h in zip(g_leaves, h_leaves):
+            if jnp.iscomplexobj(g) and not jnp.iscomplexobj(h):
+                raise ValueError(
+                    f"pscan.recurrence: `guess` is complex ({jnp.result_type(g)}) but the "
+                    f"states are real (`h0` has dtype {h.dtype})"
+                )
         guess_flat = jax.vmap(
             lambda g: to_flat(ravel_pytree(g)[0]).astype(h0_flat.dtype)
         )(guess)

@@ -564,6 +564,8 @@ def test_warm_start(solver):
     close(sol.hs, exact)
     with pytest.raises(ValueError, match=r"`guess` must be like the states"):
         pscan.recurrence(moved, xs, h0, solver=solver, guess=previous[:-1])
+    with pytest.raises(ValueError, match=r"`guess` is complex \(complex128\) but the"):
+        pscan.recurrence(moved, xs, h0, solver=solver, guess=previous + 0j)
 
 
 class _ComplexCell(eqx.Module):

@@ -9,7 +9,7 @@ import pytest
 
 import pscan
 
-from .helpers import assert_allclose, scan_cell
+from .helpers import assert_allclose, assert_exact_derivatives, scan_cell
 
 TIGHT = dict(rtol=1e-12, atol=1e-12)
 SOLVERS = {
@@ -38,21 +38,7 @@ def test_matches_sequential(name, length):
 
 @pytest.mark.parametrize("name", ["elk", "quasi-elk-chunked"])
 def test_gradients_and_tangents(name):
-    cell, xs, h0 = _problem(23)
-    solver = SOLVERS[name]
-    w = jnp.cos(jnp.arange(23 * 4.0)).reshape(23, 4)
-    loss = lambda run: lambda c, xs, h0: jnp.sum(w * jnp.sin(run(c, xs, h0)))
-    ours = lambda c, xs, h0: pscan.recurrence(c, xs, h0, solver=solver).hs
-    g = eqx.filter_jit(eqx.filter_grad(loss(ours)))(cell, xs, h0)
-    g_ref = eqx.filter_grad(loss(scan_cell))(cell, xs, h0)
-    assert_allclose(g.weight_hh, g_ref.weight_hh)
-    g = jax.grad(loss(ours), argnums=(1, 2))(cell, xs, h0)
-    g_ref = jax.grad(loss(scan_cell), argnums=(1, 2))(cell, xs, h0)
-    assert_allclose(g[0], g_ref[0])
-    assert_allclose(g[1], g_ref[1])
-    t = jax.jvp(lambda xs: ours(cell, xs, h0), (xs,), (jnp.sin(xs),))[1]
-    t_ref = jax.jvp(lambda xs: scan_cell(cell, xs, h0), (xs,), (jnp.sin(xs),))[1]
-    assert_allclose(t, t_ref)
+    assert_exact_derivatives(SOLVERS[name], *_problem(23))
 
 
 def test_small_radius_is_slower_but_exact():

@@ -9,7 +9,7 @@ import pytest
 
 import pscan
 
-from .helpers import assert_allclose, scan_cell
+from .helpers import assert_allclose, assert_exact_derivatives, scan_cell
 
 
 class DampedPicard(pscan.AbstractShootingSolver):
@@ -48,20 +48,7 @@ def test_custom_solver_is_exact(length):
     assert sol.result == pscan.RESULTS.successful
     assert_allclose(sol.hs, scan_cell(cell, xs, h0))
     # gradients (implicit: products with the exact Jacobian) and tangents
-    w = jnp.cos(jnp.arange(length * 3.0)).reshape(length, 3)
-    loss = lambda run: lambda c, xs, h0: jnp.sum(w * jnp.sin(run(c, xs, h0)))
-    ours = lambda c, xs, h0: pscan.recurrence(c, xs, h0, solver=solver).hs
-    g = eqx.filter_jit(eqx.filter_grad(loss(ours)))(cell, xs, h0)
-    g_ref = eqx.filter_grad(loss(scan_cell))(cell, xs, h0)
-    assert_allclose(g.weight_hh, g_ref.weight_hh)
-    g = jax.grad(loss(ours), argnums=(1, 2))(cell, xs, h0)
-    g_ref = jax.grad(loss(scan_cell), argnums=(1, 2))(cell, xs, h0)
-    assert_allclose(g[0], g_ref[0])
-    assert_allclose(g[1], g_ref[1])
-    t = (jnp.sin(xs), jnp.ones(3))
-    t_ours = jax.jvp(lambda *a: ours(cell, *a), (xs, h0), t)[1]
-    t_ref = jax.jvp(lambda *a: scan_cell(cell, *a), (xs, h0), t)[1]
-    assert_allclose(t_ours, t_ref)
+    assert_exact_derivatives(solver, cell, xs, h0)
 
 
 def test_solver_state_is_carried():

@@ -82,14 +82,17 @@ class Chunks(eqx.Module):
     def linearise(
         self, structure: type[AbstractJacobian], starts: Array
     ) -> AbstractJacobian:
-        """Linearises every chunk at its start.
+        """Linearises the leading chunks, as many as `starts` has rows (all K, or
+        fewer: a solver that never uses the last chunk's Jacobian passes
+        `starts[:-1]`), each at its start.
 
         **Returns:**
 
         The chunk Jacobians `dF_k/ds` at `starts`, as a `structure` operator
         (`pscan.DenseJacobian`, `pscan.DiagonalJacobian`).
         """
-        return structure.linearise(self.end, starts, self.xs)
+        xs = jax.tree_util.tree_map(lambda x: x[: starts.shape[0]], self.xs)
+        return structure.linearise(self.end, starts, xs)
 
     def states(self, starts: Array) -> Array:
         """Every chunk run from its start, in parallel, every state kept.

@@ -3,15 +3,13 @@
 from typing import ClassVar
 
 import equinox as eqx
-import jax
 import jax.lax as lax
 import jax.numpy as jnp
 
 from ._base import as_python
-from ._jacobian import DenseJacobian, DiagonalJacobian
+from ._jacobian import STRUCTURES, DenseJacobian, DiagonalJacobian
 from ._shooting import AbstractShootingSolver
 
-_STRUCTURES = {"dense": DenseJacobian, "diagonal": DiagonalJacobian}
 _HIGHEST = lax.Precision.HIGHEST
 
 
@@ -52,6 +50,10 @@ class _Diagonal:
     eye = staticmethod(jnp.ones_like)
     solve = staticmethod(lambda m, b: b / m)
     solve_v = staticmethod(lambda m, v: v / m)
+
+
+# the Kalman smoother's algebra for each Jacobian structure
+_ALGEBRA = {DenseJacobian: _Dense, DiagonalJacobian: _Diagonal}
 
 
 def _smooth(alg, jac, ends, starts, y, kappa):
@@ -143,8 +145,9 @@ class ELK(AbstractShootingSolver):
     - `jacobian`: `"dense"` or `"diagonal"`.
     - `radius`: the first trust radius (`sigma^2`, the observations' variance).
     - `max_iters`: the most steps (rejected ones count).
-    - `rtol`, `atol`: converged when every chunk start changed by at most
-        `atol + rtol * |s|` in an accepted step.
+    - `rtol`, `atol`: converged when every chunk start solves the recurrence within
+        `atol + rtol * |s|` (its residual `s[k] - F_{k-1}(s[k-1])`) and the last step
+        changed none by more.
     - `fallback`: `None`, or `"sequential"` to return the exact sequential solution
         (and flag `stats["fell_back"]`) when not converged.
     - `axis_name`: must be None (ELK across devices is not implemented).
@@ -161,7 +164,7 @@ class ELK(AbstractShootingSolver):
     name: ClassVar[str] = "ELK"
 
     def __check_init__(self):
-        if self.jacobian not in _STRUCTURES:
+        if self.jacobian not in STRUCTURES:
             raise ValueError(
                 f"pscan.ELK: `jacobian` must be 'dense' or 'diagonal', got {self.jacobian!r}"
             )
@@ -174,7 +177,7 @@ class ELK(AbstractShootingSolver):
             raise ValueError("pscan.ELK: `axis_name` is not supported yet")
 
     def linearisation(self):
-        return _STRUCTURES[self.jacobian]
+        return STRUCTURES[self.jacobian]
 
     def init(self, chunks, starts):
         real = starts.real.dtype
@@ -186,12 +189,13 @@ class ELK(AbstractShootingSolver):
     def step(self, chunks, starts, state):
         if starts.shape[0] == 1:  # one chunk: its start is h0, nothing to solve
             return starts, {**state, "unsolved": jnp.array(False)}
-        alg = _Dense if self.jacobian == "dense" else _Diagonal
+        structure = self.linearisation()
+        alg = _ALGEBRA[structure]
         radius = state["radius"]
         ends = chunks.ends(starts)
-        head = jax.tree_util.tree_map(lambda x: x[:-1], chunks.xs)
-        jac = self.linearisation().linearise(chunks.end, starts[:-1], head)
-        jac = jac.coefficients()
+        implied = chunks.shift(ends)  # the starts that the current ends imply
+        operator = chunks.linearise(structure, starts[:-1])
+        jac = operator.coefficients()
         # the leading starts that already solve the recurrence (residual within the
         # tolerances) are kept exactly, and the first one after them becomes exact
         # (the end of an exact chunk): observed with variance 0. So the exact prefix
@@ -199,12 +203,13 @@ class ELK(AbstractShootingSolver):
         # for Newton and Picard; the trust region acts on the rest
         tolerance = lambda s: self.atol + self.rtol * jnp.abs(s)
         solved_rows = lambda s, r: jnp.all(jnp.abs(r) <= tolerance(s), axis=-1)
-        residual = starts - chunks.shift(ends)  # row 0 is h0 - h0
+        residual = starts - implied  # row 0 is h0 - h0
         solved = solved_rows(starts, residual)
         exact = jnp.cumprod(solved) > 0
         after_exact = ~exact & jnp.concatenate([jnp.array([True]), exact[:-1]])
         known = (exact | after_exact)[1:]
-        y = jnp.where(after_exact[:, None], chunks.shift(ends), starts)[1:]
+        kept = jnp.where(after_exact[:, None], implied, starts)
+        y = kept[1:]
         kappa = jnp.where(known, 1.0, 1 / (1 + radius)).astype(radius.dtype)
         proposal = jnp.concatenate(
             [chunks.h0[None], _smooth(alg, jac, ends, starts, y, kappa)]
@@ -212,7 +217,7 @@ class ELK(AbstractShootingSolver):
         leading = lambda solved: jnp.sum(jnp.cumprod(solved))
         now = jnp.sum(jnp.abs(residual) ** 2)
         # the linear model's residual at the proposal, and the true one
-        moved = alg.mv(jac, proposal[:-1] - starts[:-1])
+        moved = operator.mv(proposal[:-1] - starts[:-1])
         predicted = jnp.sum(jnp.abs(proposal[1:] - ends[:-1] - moved) ** 2)
         residual_new = proposal - chunks.shift(chunks.ends(proposal))
         after = jnp.sum(jnp.abs(residual_new) ** 2)
@@ -230,8 +235,7 @@ class ELK(AbstractShootingSolver):
         factor = jnp.where(~good | (ratio < 0.25), 0.25, factor)
         factor = jnp.where(finite & ahead, 4.0, factor)
         radius = jnp.clip(radius * factor, 1e-12, 1e12).astype(radius.dtype)
-        # a rejected step still makes one more start exact
-        kept = jnp.where(after_exact[:, None], chunks.shift(ends), starts)
+        # a rejected step still makes one more start exact (`kept`)
         new = jnp.where(accept | ~jnp.isfinite(now), proposal, kept)
         # converged only once the residual itself is within the tolerances: a short
         # step (a small radius) is no sign of convergence

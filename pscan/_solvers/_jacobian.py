@@ -238,3 +238,7 @@ class DiagonalJacobian(AbstractJacobian):
 
     def finite(self):
         return jnp.all(jnp.isfinite(self.diagonal), axis=-1)
+
+
+STRUCTURES = {"dense": DenseJacobian, "diagonal": DiagonalJacobian}
+"""The Jacobian structure that a solver's `jacobian="dense" | "diagonal"` names."""

@@ -1,15 +1,12 @@
 from typing import ClassVar
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 
 from .._linear import linear_recurrence
 from ._base import as_python
-from ._jacobian import DenseJacobian, DiagonalJacobian
+from ._jacobian import STRUCTURES
 from ._shooting import AbstractShootingSolver
-
-_STRUCTURES = {"dense": DenseJacobian, "diagonal": DiagonalJacobian}
 
 
 class Newton(AbstractShootingSolver):
@@ -73,7 +70,7 @@ class Newton(AbstractShootingSolver):
             raise ValueError(f"pscan.Newton: `damping` must be in [0, 1), got {d!r}")
 
     def linearisation(self):
-        return _STRUCTURES[self.jacobian]
+        return STRUCTURES[self.jacobian]
 
     def step(self, chunks, starts, state):
         ends = chunks.ends(starts)
@@ -82,8 +79,8 @@ class Newton(AbstractShootingSolver):
         sharded = chunks.axis_name is not None
         lin_starts = starts if sharded else starts[:-1]
         lin_ends = ends if sharded else ends[:-1]
-        lin = chunks if sharded else _head(chunks)
-        jac = lin.linearise(self.linearisation(), lin_starts).scale(1 - self.damping)
+        jac = chunks.linearise(self.linearisation(), lin_starts)
+        jac = jac.scale(1 - self.damping)
         # A chunk with a non-finite end or Jacobian (after a non-finite input) must not
         # spread NaN through the linear solve to every later chunk: its start is
         # taken as it is (a zero Jacobian, the next start as its end), and its end
@@ -104,9 +101,3 @@ class Newton(AbstractShootingSolver):
         if sharded:
             return chunks.shift(after), state
         return jnp.concatenate([chunks.h0[None], after]), state
-
-
-def _head(chunks):
-    """The chunks but the last one."""
-    xs = jax.tree_util.tree_map(lambda x: x[:-1], chunks.xs)
-    return eqx.tree_at(lambda c: c.xs, chunks, xs)

@@ -114,7 +114,7 @@ def test_gradients_reach_every_parameter(name):
     assert leaves and all(float(jnp.max(jnp.abs(x))) > 0 for x in leaves)
     assert tree_allclose(g, g_ref, rtol=1e-9, atol=1e-9)
     # gradients with respect to the inputs and the initial state too
-    gx = jax.grad(ours, argnums=(1, 2))(cell, xs, h0)
+    gx = jax.jit(jax.grad(ours, argnums=(1, 2)))(cell, xs, h0)
     assert tree_allclose(
         gx, jax.grad(ref, argnums=(1, 2))(cell, xs, h0), rtol=1e-9, atol=1e-9
     )
@@ -125,7 +125,7 @@ def test_check_grads(name):
     cell, xs = make(name, 7, seed=3)
     layer = nn.Recurrence(cell)
     f = lambda xs: jnp.real(layer(xs))
-    check_grads(f, (xs,), order=1, modes=("rev", "fwd"))
+    check_grads(jax.jit(f), (xs,), order=1, modes=("rev", "fwd"))
 
 
 @pytest.mark.parametrize(
@@ -143,7 +143,9 @@ def test_explicit_solver(name, solver):
     cell, xs = make(name, 23, seed=4)
     layer = nn.Recurrence(cell, solver)
     assert_allclose(layer(xs), hand_scan(cell, xs))
-    g = eqx.filter_grad(lambda c: jnp.sum(nn.Recurrence(c, solver)(xs) ** 2))(cell)
+    g = eqx.filter_jit(
+        eqx.filter_grad(lambda c: jnp.sum(nn.Recurrence(c, solver)(xs) ** 2))
+    )(cell)
     g_ref = eqx.filter_grad(lambda c: jnp.sum(hand_scan(c, xs) ** 2))(cell)
     assert tree_allclose(g, g_ref, rtol=1e-9, atol=1e-9)
 

@@ -131,7 +131,7 @@ def test_check_grads(solver):
             eqx.tree_at(lambda c: c.u, cell, w), xs, h0, solver=SOLVERS[solver]
         ).hs
     )
-    check_grads(f, (xs, h0, cell.u), order=1, modes=["fwd", "rev"])
+    check_grads(jax.jit(f), (xs, h0, cell.u), order=1, modes=["fwd", "rev"])
 
 
 def test_second_order_refused():
@@ -173,9 +173,9 @@ def test_vmap_of_grad():
     cell, h0 = make_cell("elman")
     xs = jnp.stack([make_xs(LENGTH, seed=s) for s in range(2)])
     per_example = lambda xs, c: _loss(c, xs, h0, SOLVERS["shooting"])
-    g = jax.vmap(eqx.filter_grad(lambda c, xs: per_example(xs, c)), in_axes=(None, 0))(
-        cell, xs
-    )
+    g = eqx.filter_jit(
+        jax.vmap(eqx.filter_grad(lambda c, xs: per_example(xs, c)), in_axes=(None, 0))
+    )(cell, xs)
     for i in range(2):
         g_ref = eqx.filter_grad(lambda c: _scan_loss(c, xs[i], h0))(cell)
         assert_allclose(g.u[i], g_ref.u)
@@ -314,7 +314,7 @@ def test_diagonal_newton_chunk_sizes(chunk_size):
     assert_allclose(solve(cell, xs, h0, solver=solver).hs, scan_cell(cell, xs, h0))
     loss = lambda run: lambda c: jnp.sum(jnp.sin(run(c, xs, h0)))
     ours = lambda c, xs, h0: pscan.recurrence(c, xs, h0, solver=solver).hs
-    g = eqx.filter_grad(loss(ours))(cell)
+    g = eqx.filter_jit(eqx.filter_grad(loss(ours)))(cell)
     g_ref = eqx.filter_grad(loss(scan_cell))(cell)
     assert_allclose(g.weight_hh, g_ref.weight_hh)
 
@@ -356,7 +356,7 @@ def test_gradient_of_nonfinite_start_is_nan(solver):
         pscan.recurrence(c, xs, h0, solver=SOLVERS[solver], throw=False).hs
     )
     for f in (loss(run), loss(scan_cell)):
-        g = jax.grad(f, argnums=(0, 1, 2))(cell, xs, h0)
+        g = jax.jit(jax.grad(f, argnums=(0, 1, 2)))(cell, xs, h0)
         assert all(jnp.all(jnp.isnan(x)) for x in jax.tree_util.tree_leaves(g))
 
 
@@ -432,7 +432,9 @@ def test_pytree_inputs_and_states(solver):
     ref = scan_cell(Cell(inner), xs, h0)
     for x, y in zip(sol.hs, ref):
         assert_allclose(x, y)
-    g = eqx.filter_grad(lambda xs: _loss(Cell(inner), xs, h0, SOLVERS[solver]))(xs)
+    g = eqx.filter_jit(
+        eqx.filter_grad(lambda xs: _loss(Cell(inner), xs, h0, SOLVERS[solver]))
+    )(xs)
     g_ref = eqx.filter_grad(lambda xs: _scan_loss(Cell(inner), xs, h0))(xs)
     assert_allclose(g["scale"], g_ref["scale"])
 
@@ -556,7 +558,7 @@ def test_warm_start(solver):
     loss = lambda c, **kw: jnp.sum(
         pscan.recurrence(c, xs, h0, solver=solver, **kw).hs ** 2
     )
-    g = eqx.filter_grad(lambda c: loss(c, guess=previous))(moved)
+    g = eqx.filter_jit(eqx.filter_grad(lambda c: loss(c, guess=previous)))(moved)
     g_ref = eqx.filter_grad(lambda c: jnp.sum(scan_cell(c, xs, h0) ** 2))(moved)
     close(g.weight_hh, g_ref.weight_hh)
     # a non-finite guess only costs iterations
@@ -589,22 +591,20 @@ def test_complex_states(solver):
     assert_allclose(sol.hs, scan_cell(cell, xs, h0))
 
     def loss(run):
-        return lambda c, xs, h0: jnp.sum(jnp.abs(run(c, xs, h0)) ** 2)
+        return lambda args: jnp.sum(jnp.abs(run(*args)) ** 2)
 
-    ours = loss(lambda c, xs, h0: pscan.recurrence(c, xs, h0, solver=solver).hs)
-    g = eqx.filter_grad(ours)(cell, xs, h0)
-    g_ref = eqx.filter_grad(loss(scan_cell))(cell, xs, h0)
-    assert_allclose(g.w, g_ref.w)
-    gx = jax.grad(ours, argnums=(1, 2))(cell, xs, h0)
-    gx_ref = jax.grad(loss(scan_cell), argnums=(1, 2))(cell, xs, h0)
-    assert_allclose(gx[0], gx_ref[0])
-    assert_allclose(gx[1], gx_ref[1])
+    ours = lambda c, xs, h0: pscan.recurrence(c, xs, h0, solver=solver).hs
+    g = eqx.filter_jit(eqx.filter_grad(loss(ours)))((cell, xs, h0))
+    g_ref = eqx.filter_grad(loss(scan_cell))((cell, xs, h0))
+    assert_allclose(g[0].w, g_ref[0].w)
+    assert_allclose(g[1], g_ref[1])
+    assert_allclose(g[2], g_ref[2])
     # forward mode: a complex tangent of h0, a real one of xs
-    run = lambda xs, h0: pscan.recurrence(cell, xs, h0, solver=solver).hs
     tangents = (jnp.cos(xs), jnp.array([1.0, 1j, 0.5 - 0.5j]))
-    t = jax.jvp(run, (xs, h0), tangents)[1]
-    t_ref = jax.jvp(lambda xs, h0: scan_cell(cell, xs, h0), (xs, h0), tangents)[1]
-    assert_allclose(t, t_ref)
+    jvp = lambda run: eqx.filter_jit(
+        lambda: jax.jvp(lambda *a: run(cell, *a), (xs, h0), tangents)[1]
+    )()
+    assert_allclose(jvp(ours), jvp(scan_cell))
 
 
 @pytest.mark.parametrize("solver", ["picard", "shooting", "quasi-deer"])
@@ -621,10 +621,10 @@ def test_cell_closing_over_parameters(solver):
         return jnp.sum(jnp.sin(hs))
 
     ours, exact = SOLVERS[solver], pscan.Sequential()
-    assert_allclose(jax.grad(loss)(w, ours), jax.grad(loss)(w, exact))
-    t = jax.jvp(lambda w: loss(w, ours), (w,), (jnp.cos(w),))[1]
-    t_ref = jax.jvp(lambda w: loss(w, exact), (w,), (jnp.cos(w),))[1]
-    assert_allclose(t, t_ref)
+    grad = eqx.filter_jit(jax.grad(loss))
+    assert_allclose(grad(w, ours), grad(w, exact))
+    jvp = eqx.filter_jit(lambda s: jax.jvp(lambda w: loss(w, s), (w,), (jnp.cos(w),)))
+    assert_allclose(jvp(ours)[1], jvp(exact)[1])
     batch = jnp.stack([w, -w])
-    g = jax.vmap(jax.grad(loss), in_axes=(0, None))(batch, ours)
-    assert_allclose(g[1], jax.grad(loss)(-w, exact))
+    g = eqx.filter_jit(jax.vmap(jax.grad(loss), in_axes=(0, None)))(batch, ours)
+    assert_allclose(g[1], grad(-w, exact))

@@ -129,7 +129,9 @@ def solvers(args):
     header = ["solver", "iterations", "max abs err vs Sequential", "fwd (ms)"]
     header += ["fwd vs Sequential", "grad (ms)", "grad vs Sequential", "grad / fwd"]
     header += ["XLA temp fwd (MiB)", "XLA temp grad (MiB)"]
+    header += ["grad compile (s)", "compile vs Sequential"]
     base_f, base_g = med["Sequential", "fwd"], med["Sequential", "grad"]
+    base_c = compiled["Sequential", "grad"][1]
     rows = []
     for name, (iters, err) in iterations.items():
         f, g = med[name, "fwd"], med[name, "grad"]
@@ -145,6 +147,8 @@ def solvers(args):
                 f"{g / f:.2f}",
                 f"{temp_mib(compiled[name, 'fwd'][0]):.0f}",
                 f"{temp_mib(compiled[name, 'grad'][0]):.0f}",
+                f"{compiled[name, 'grad'][1]:.1f}",
+                f"{compiled[name, 'grad'][1] / base_c:.2f}x",
             ]
         )
     _table(header, rows)
@@ -222,7 +226,9 @@ def _chaos_rows(args, solvers, config):
 
 def gradmem(args):
     """XLA temp of each solver's gradient against `Sequential()`'s (autodiff through
-    `lax.scan`), compiled only: GRU 1 -> d, gradient of `sum(hs)` wrt the cell."""
+    `lax.scan`), compiled only, as a user runs it (`throw=True`): GRU 1 -> d,
+    gradients of `sum(hs)` and of `sum(hs**2)` (whose backward pass needs the states)
+    wrt the cell."""
     chunk, tol = args.chunk, dict(rtol=args.tol, atol=args.tol)
     candidates = {
         "Sequential": pscan.Sequential(),
@@ -235,18 +241,19 @@ def gradmem(args):
     }
     print(f"# GRU, float32, jax {jax.__version__}, backend {jax.default_backend()}")
     header = ["T", "d", "solver", "XLA temp fwd (MiB)", "XLA temp grad (MiB)"]
-    _table(header + ["grad vs Sequential"], [])
+    header += ["grad vs Sequential", "grad of sum(hs**2) (MiB)", "vs Sequential"]
+    _table(header, [])
     for size in args.sizes.split(","):
         length, hidden = (int(n) for n in size.split("x"))
         cell, xs, h0 = gru_problem(length, hidden)
         base = None
         for name, solver in candidates.items():
             p = solver_programs(solver, h0)
-            fwd, grad = (
+            fwd, grad, grad_sq = (
                 temp_mib(jax.jit(p[k]).lower(cell, xs).compile())
-                for k in ("fwd", "grad")
+                for k in ("fwd", "grad", "grad_sq")
             )
-            base = grad if base is None else base
+            base = (grad, grad_sq) if base is None else base
             _row(
                 [
                     length,
@@ -254,7 +261,9 @@ def gradmem(args):
                     name,
                     f"{fwd:.1f}",
                     f"{grad:.1f}",
-                    f"{grad / base:.2f}x",
+                    f"{grad / base[0]:.2f}x",
+                    f"{grad_sq:.1f}",
+                    f"{grad_sq / base[1]:.2f}x",
                 ]
             )
 

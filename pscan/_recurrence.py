@@ -197,15 +197,14 @@ def recurrence(
     if reverse:  # solved forward in processing order, returned in time order
         xs, restart, valid, guess_flat = _flip((xs, restart, valid, guess_flat))
     if restart is None and valid is None:
-        problem = Problem(step, cell, xs, h0_flat, project, guess_flat)
+        problem = Problem(step, cell, xs, h0_flat, project, guess_flat, throw)
     else:
         problem = _segmented(
-            step, project, cell, xs, h0_flat, guess_flat, restart, valid
+            step, project, cell, xs, h0_flat, guess_flat, restart, valid, throw
         )
+    # with `throw`, the solver raises if it did not converge (see `Problem.throw`)
     hs_flat, result, stats = solver.solve(problem)
     hs = jax.vmap(unravel)(_flip(hs_flat) if reverse else hs_flat)
-    if throw:
-        hs = raise_on_failure(hs, result)
     return Solution(hs=hs, result=result, stats=stats)
 
 
@@ -214,7 +213,7 @@ def _flip(tree):
     return jax.tree_util.tree_map(lambda x: jnp.flip(x, 0), tree)
 
 
-def _segmented(step, project, cell, xs, h0, guess, restart, valid) -> Problem:
+def _segmented(step, project, cell, xs, h0, guess, restart, valid, throw) -> Problem:
     """The problem with per-step masks in its inputs: a step flagged `restart` starts
     from `h0` (a parameter of the step, so that its derivative counts every segment),
     a step not `valid` is the identity. The masks act on the state, never through
@@ -233,7 +232,7 @@ def _segmented(step, project, cell, xs, h0, guess, restart, valid) -> Problem:
     if project is not None:
         masked_project = lambda params, x: {**x, "z": project(params[0], x["z"])}
     inputs = {**flags, "z": xs}
-    return Problem(masked_step, (cell, h0), inputs, h0, masked_project, guess)
+    return Problem(masked_step, (cell, h0), inputs, h0, masked_project, guess, throw)
 
 
 def raise_on_failure(hs: PyTree[Array], result: RESULTS) -> PyTree[Array]:

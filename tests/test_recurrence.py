@@ -267,6 +267,39 @@ def test_not_converged_raises():
     assert float(sol.stats["max_residual"]) > 1
     with pytest.raises(Exception, match="did not converge within `max_iters`"):
         jax.block_until_ready(pscan.recurrence(cell, xs, h0, solver=solver).hs)
+    # compiled, in a gradient, and with resets (the checks are the solver's own)
+    loss = lambda c, **kw: jnp.sum(pscan.recurrence(c, xs, h0, solver=solver, **kw).hs)
+    with pytest.raises(Exception, match="did not converge within `max_iters`"):
+        jax.block_until_ready(eqx.filter_jit(eqx.filter_grad(loss))(cell))
+    with pytest.raises(Exception, match="did not converge within `max_iters`"):
+        jax.block_until_ready(loss(cell, resets=jnp.arange(60) % 30 == 0))
+
+
+@pytest.mark.parametrize("solver", ["picard", "shooting"])
+def test_throw_costs_no_memory(solver):
+    """The default `throw=True` checks the chunk starts, not the states: the forward
+    and the gradient (of a loss that needs the states in its backward pass, and of
+    one that does not) hold the buffers of `throw=False` (states of `(T, d)`: the
+    check on them held a copy)."""
+    cell, h0 = make_cell("gru")
+    xs = make_xs(512)
+
+    def temp(throw, power):
+        hs = lambda c: (
+            pscan.recurrence(c, xs, h0, solver=SOLVERS[solver], throw=throw).hs
+        )
+        programs = (hs, eqx.filter_grad(lambda c: jnp.sum(hs(c) ** power)))
+        return [
+            jax.jit(lambda c, f=f: f(c)).lower(cell).compile().memory_analysis()
+            for f in programs
+        ]
+
+    # at most a copy of the chunk starts (and a few scalars) more
+    starts = -(-512 // SOLVERS[solver].chunk_size) * h0.size * h0.dtype.itemsize
+    for power in (1, 2):
+        for checked, unchecked in zip(temp(True, power), temp(False, power)):
+            extra = checked.temp_size_in_bytes - unchecked.temp_size_in_bytes
+            assert extra <= starts
 
 
 def test_enough_iterations_are_exact():

@@ -88,13 +88,17 @@ def gru_solvers(chunk=256, tol=1e-5):
 
 
 def solver_programs(solver, h0):
-    """`{"fwd": hs(cell, xs), "grad": d sum(hs) / d cell, "solve": Solution}`."""
-    solve = lambda c, xs: pscan.recurrence(c, xs, h0, solver=solver, throw=False)
-    grad = eqx.filter_grad(lambda c, xs: jnp.sum(solve(c, xs).hs))
+    """`{"fwd": hs(cell, xs), "grad": d sum(hs) / d cell, "grad_sq": d sum(hs**2) /
+    d cell, "solve": Solution}`: the states and gradients as a user runs them (the
+    default `throw=True`), the `Solution` with `throw=False` to read its result."""
+    hs = lambda c, xs: pscan.recurrence(c, xs, h0, solver=solver).hs
+    grad = eqx.filter_grad(lambda c, xs: jnp.sum(hs(c, xs)))
+    grad_sq = eqx.filter_grad(lambda c, xs: jnp.sum(hs(c, xs) ** 2))
     return {
-        "fwd": lambda c, xs: solve(c, xs).hs,
+        "fwd": hs,
         "grad": lambda c, xs: grad(c, xs),  # jit cannot hash filter_grad's wrapper
-        "solve": solve,
+        "grad_sq": lambda c, xs: grad_sq(c, xs),
+        "solve": lambda c, xs: pscan.recurrence(c, xs, h0, solver=solver, throw=False),
     }
 
 

@@ -34,6 +34,11 @@ class Problem(eqx.Module):
     - `project`: `project(params, x) -> z`, or None (static).
     - `guess`: None, or flat states `(T, d)` to start an iteration from (a warm
         start; never differentiated).
+    - `throw`: whether a solve that did not converge must raise at run time (static;
+        `recurrence`'s `throw`). A solver checks something small that the states
+        depend on (the iterating solvers: their chunk starts, with
+        `RESULTS.error_if`), never the states themselves: a check on `(T, d)` states
+        would hold a copy of them, in the forward pass and in the gradient's.
     """
 
     step: Callable = eqx.field(static=True)
@@ -42,6 +47,7 @@ class Problem(eqx.Module):
     h0: Array
     project: Callable | None = eqx.field(static=True, default=None)
     guess: Array | None = None
+    throw: bool = eqx.field(static=True, default=False)
 
     @property
     def length(self) -> int:
@@ -132,6 +138,8 @@ class AbstractSolver(eqx.Module):
         `(hs, result, stats)`: the flat states `(T, d)`, a `pscan.RESULTS` code and the
         statistics that `pscan.Solution.stats` documents. Gradients of `hs` must be
         exact: either `solve` is differentiable as written, or it defines its own rule.
+        With `problem.throw`, a result of `RESULTS.max_iters_reached` must raise at run
+        time (`pscan.recurrence` leaves that check to the solver).
         """
 
 

@@ -130,4 +130,8 @@ class AbstractShootingSolver(AbstractSolver):
             )
         # the iteration is never differentiated; the states' derivative is implicit
         starts, result, stats = shooting_forward(self, problem)
+        if problem.throw and self.fallback is None:
+            # on the `(K, d)` starts that every state depends on: a check on the states
+            # themselves would hold a copy of them in the gradient
+            starts = result.error_if(starts, result == RESULTS.max_iters_reached)
         return implicit_states(self, problem, starts, result, stats)

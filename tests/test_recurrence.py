@@ -173,9 +173,10 @@ def test_vmap_of_grad():
     cell, h0 = make_cell("elman")
     xs = jnp.stack([make_xs(LENGTH, seed=s) for s in range(2)])
     per_example = lambda xs, c: _loss(c, xs, h0, SOLVERS["shooting"])
-    g = eqx.filter_jit(
-        jax.vmap(eqx.filter_grad(lambda c, xs: per_example(xs, c)), in_axes=(None, 0))
-    )(cell, xs)
+    per_grad = eqx.filter_grad(lambda c, xs: per_example(xs, c))
+    g = eqx.filter_jit(lambda c, xs: jax.vmap(per_grad, in_axes=(None, 0))(c, xs))(
+        cell, xs
+    )
     for i in range(2):
         g_ref = eqx.filter_grad(lambda c: _scan_loss(c, xs[i], h0))(cell)
         assert_allclose(g.u[i], g_ref.u)

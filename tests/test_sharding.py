@@ -1,6 +1,7 @@
 """Sequence parallelism over 4 forced host devices, in a subprocess (the device count is
 fixed when JAX starts)."""
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -22,6 +23,7 @@ def test_sharded_equals_single_device(part):
         text=True,
         timeout=900,
         check=False,
+        env={**os.environ, "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"},  # as conftest.py
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     assert "OK" in out.stdout

@@ -222,6 +222,12 @@ def _chunked(a, b, h0, *, reverse: bool, dense: bool, chunk_size: int):
     a doubling scan over the K summaries gives every chunk's true start state; the
     second pass reruns each chunk from its start, emitting the states. Nothing T-long
     besides the inputs and the output is stored. Depth `O(T/K + log K)`.
+
+    The states are the loop's own whenever the starts are. With infinite inputs (or
+    products that overflow) `P_k s + e_k` is not the loop's arithmetic: NaN (`inf * 0`,
+    `inf - inf`) or an inf of the other sign where the loop's state is +-inf, so when
+    a start is not finite every start is recomputed by the loop over the chunks one
+    after another (exact, sequential, and only ever run on such data).
     """
     length = b.shape[0]
     # Padding goes last in processing order (the end of time, or its start if
@@ -248,6 +254,16 @@ def _chunked(a, b, h0, *, reverse: bool, dense: bool, chunk_size: int):
         p = _product(ac, axis=1)
     _, e = _loop(ac, bc, zeros, axis=1, reverse=reverse, dense=dense, emit=False)
     ends = _doubling(p, e, h0, reverse=reverse, dense=dense)
+
+    def exact_ends():
+        def chunk(h, ab):
+            h = _loop(*ab, h, axis=0, reverse=reverse, dense=dense, emit=False)[1]
+            return h, h
+
+        xs = (jnp.broadcast_to(ac, (bc.shape[0], *ac.shape[1:])), bc)
+        return lax.scan(chunk, h0, xs, reverse=reverse)[1]
+
+    ends = lax.cond(jnp.all(jnp.isfinite(ends)), lambda: ends, exact_ends)
     starts = shift_in(ends, h0, reverse)
     hs, _ = _loop(ac, bc, starts, axis=1, reverse=reverse, dense=dense)
     return from_chunks(hs, length, front=reverse)
@@ -257,23 +273,17 @@ def _solve(a, b, h0, *, reverse, method, chunk_size, dense):
     sequential = lambda: _sequential(a, b, h0, reverse=reverse, dense=dense)
     if method == "sequential":
         return sequential()
-    elif method == "associative":
-        hs = _associative(a, b, h0, reverse=reverse, dense=dense)
-    elif method == "chunked":
-        hs = _chunked(a, b, h0, reverse=reverse, dense=dense, chunk_size=chunk_size)
-    else:
+    elif method == "chunked":  # NaN starts are recomputed inside
+        return _chunked(a, b, h0, reverse=reverse, dense=dense, chunk_size=chunk_size)
+    elif method != "associative":
         raise AssertionError(method)
-    if not dense:  # overflowed elementwise coefficients are guarded in `_carry`
-        return hs
-    # A parallel method composes coefficients the loop never forms; with |a| > 1 they
-    # overflow, and a product of overflowed matrices is NaN (inf * 0) where the loop's
-    # states may be finite: NaN from finite inputs is recomputed by the loop itself
-    # (a dense `a` is Newton's small boundary system, or a user's (d, d) coefficients;
-    # the check costs one pass over `hs`, and the unused branch its buffers)
-    finite = (
-        jnp.all(jnp.isfinite(a)) & jnp.all(jnp.isfinite(b)) & jnp.all(jnp.isfinite(h0))
-    )
-    return lax.cond(jnp.any(jnp.isnan(hs)) & finite, sequential, lambda: hs)
+    hs = _associative(a, b, h0, reverse=reverse, dense=dense)
+    # A parallel method combines terms the loop never forms: with infinite inputs, or
+    # products of coefficients that overflow (|a| > 1 over many steps), a state can be
+    # NaN (inf * 0, inf - inf) or an inf of the other sign where the loop's is +-inf
+    # or finite. States that are not all finite are recomputed by the loop itself
+    # (one pass over `hs` to check; on such data only, the loop's time)
+    return lax.cond(jnp.all(jnp.isfinite(hs)), lambda: hs, sequential)
 
 
 # --------------------------------------------------------------------------------------
@@ -504,7 +514,10 @@ def linear_recurrence(
 
     `hs` with the shape of `b`: `hs[t]` is the state after step `t`. Its dtype is
     `b`'s, made complex when `a` is (real and complex arguments of one precision mix:
-    the real ones are promoted).
+    the real ones are promoted). Every method gives the sequential loop's states on
+    non-finite data too (NaN or +-inf in an argument, states that overflow): where a
+    parallel method's states are not all finite, the loop recomputes them (the chunked
+    method checks only its chunk starts), so an inf stays an inf of the loop's sign.
 
     **Raises:**
 

@@ -457,6 +457,34 @@ def test_growing_coefficients_never_nan_where_sequential_is_finite(method, a, b)
     np.testing.assert_array_equal(hs[~finite], ref[~finite])
 
 
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("dense", [False, True])
+@pytest.mark.parametrize("method", ["chunked", "associative"])
+def test_infinite_inputs_give_the_loops_states(method, dense, reverse):
+    """+-inf among the coefficients (and the inputs): the loop's states exactly where
+    they are not finite (inf of the same sign, NaN where the loop has NaN), equal
+    where they are. (Combining terms the loop never forms gave NaN, or an inf of the
+    other sign, where the loop had +-inf: T = 12, chunk 4, `[1, 1.5, inf, inf, nan..]`.)"""
+    rng = np.random.default_rng(7)
+    for trial in range(6):
+        a = rng.uniform(0.5, 1.5, (13, 2)) * rng.choice([-1.0, 1.0], (13, 2))
+        b = rng.normal(size=(13, 2))
+        a[rng.integers(13, size=2), [0, 1]] = rng.choice([np.inf, -np.inf], 2)
+        if trial % 2:
+            b[rng.integers(13), 0] = -np.inf
+        h0 = rng.normal(size=2)
+        if dense:  # upper triangular: the second channel feeds the first
+            a = np.einsum("ti,ij->tij", a, np.eye(2)) + np.array([[0, 0.1], [0, 0]])
+        ref = pscan.linear_recurrence(a, b, h0, reverse=reverse, method="sequential")
+        ref = np.asarray(ref)
+        hs = pscan.linear_recurrence(a, b, h0, reverse=reverse, **_kwargs(method, 4))
+        hs = np.asarray(hs)
+        assert not np.isfinite(ref).all()
+        np.testing.assert_array_equal(np.isnan(hs), np.isnan(ref))
+        np.testing.assert_array_equal(hs[np.isinf(ref)], ref[np.isinf(ref)])
+        np.testing.assert_allclose(hs, ref, rtol=1e-12)
+
+
 @pytest.mark.parametrize("method", ["chunked", "associative"])
 def test_growing_dense_coefficients_never_nan_where_sequential_is_finite(method):
     """Dense `a = diag(2, 0.5)`, `b = (0, 1)`: the states stay finite, but products of

@@ -60,12 +60,22 @@ def test_docs_pages_in_nav_exist():
         assert (DOCS / page).exists(), page
 
 
-# Pages whose code blocks run, in order, as a reader follows them.
-RUNNABLE = ["guides/batches.md", "guides/solvers.md", "guides/multi_device.md"]
+# Every page with Python blocks, and the README: the blocks run in order, as a reader
+# follows them, at the sizes printed.
+ROOT = DOCS.parent
+RUNNABLE = sorted(
+    str(path.relative_to(ROOT))
+    for path in [ROOT / "README.md", *DOCS.rglob("*.md")]
+    if "```python" in path.read_text()
+)
 
 
 def python_blocks(page: str) -> list[str]:
-    return re.findall(r"^```python\n(.*?)^```", (DOCS / page).read_text(), re.M | re.S)
+    return re.findall(r"^```python\n(.*?)^```", (ROOT / page).read_text(), re.M | re.S)
+
+
+def test_every_page_with_python_runs():
+    assert {"README.md", "docs/index.md", "docs/guides/batches.md"} <= set(RUNNABLE)
 
 
 @pytest.mark.parametrize("page", RUNNABLE)
@@ -74,9 +84,9 @@ def test_page_snippets_run(page):
     uses is defined on the page."""
     blocks = python_blocks(page)
     assert blocks, page
-    namespace = {"__name__": f"docs/{page}"}
+    namespace = {"__name__": page}
     for i, block in enumerate(blocks):
         try:
-            exec(compile(block, f"docs/{page} block {i + 1}", "exec"), namespace)
+            exec(compile(block, f"{page} block {i + 1}", "exec"), namespace)
         except Exception as e:
-            raise AssertionError(f"docs/{page}, block {i + 1} failed:\n{block}") from e
+            raise AssertionError(f"{page}, block {i + 1} failed:\n{block}") from e

@@ -1,7 +1,7 @@
 """The GPU check: one script, a few minutes on one accelerator, one table.
 
     python asv_bench/gpu_check.py                    # T = 524288, batch 16, d = 32
-    python asv_bench/gpu_check.py --length 4096      # a quick run (any backend)
+    python asv_bench/gpu_check.py --length 4096 --gru-length 4096   # quick, any backend
 
 Measures, against sequential `lax.scan` on the same device, in one run (median of
 `--repeats` timed calls of compiled programs, compile outside the timing):

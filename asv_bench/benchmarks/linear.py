@@ -1,7 +1,7 @@
 """`pscan.linear_recurrence`: every method against a plain `lax.scan` (the in-suite
 baseline, method "lax.scan"), forward and gradient with respect to `(a, b)`."""
 
-from .measure import compile_timed, run, sizes
+from .measure import TABLES, compile_timed, peak_rss_of, run, sizes
 from .scenarios import LINEAR_METHODS, linear_problem, linear_programs
 
 
@@ -28,8 +28,12 @@ class LinearRecurrence:
     def time_gradient(self, *_):
         run(self.gradient, self.a, self.b)
 
-    def peakmem_gradient(self, *_):
-        run(self.gradient, self.a, self.b)
+    def track_peak_rss_gradient(self, method, length, channels):
+        """Peak RSS while the compiled gradient runs (inputs and outputs included),
+        in a fresh process whose high-water mark is reset after compiling: not the
+        compiler's memory, nor this process's other programs."""
+        argv = ["linear", "--length", str(length), "--state", str(channels)]
+        return peak_rss_of(TABLES, *argv, "--child", f"{method}/grad")
 
     def track_compile_forward(self, *_):
         return self.forward_compile
@@ -37,5 +41,6 @@ class LinearRecurrence:
     def track_compile_gradient(self, *_):
         return self.gradient_compile
 
+    track_peak_rss_gradient.unit = "MiB"
     track_compile_forward.unit = "seconds"
     track_compile_gradient.unit = "seconds"

@@ -4,6 +4,7 @@ take peak memory in a fresh process."""
 
 import json
 import os
+import pathlib
 import statistics
 import subprocess
 import sys
@@ -72,6 +73,9 @@ def report_peak_rss(fn, *args):
         f.write("5")
     run(exe, *args)
     print(json.dumps({"peak_rss_mib": _status_mib("VmHWM")}))
+
+
+TABLES = str(pathlib.Path(__file__).parent.parent / "tables.py")
 
 
 def peak_rss_of(script, *argv):

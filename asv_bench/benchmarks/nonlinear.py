@@ -49,9 +49,6 @@ class GRUSolvers:
     def time_gradient(self, *_):
         run(self.gradient, self.cell, self.xs)
 
-    def peakmem_gradient(self, *_):
-        run(self.gradient, self.cell, self.xs)
-
     def track_iterations(self, *_):
         return self.iterations
 

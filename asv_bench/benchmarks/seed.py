@@ -2,7 +2,7 @@
 of the sum of all outputs with respect to the parameters; `pscan.nn.Recurrence` with its
 default solver against a hand-written `lax.scan` of the same cell."""
 
-from .measure import compile_timed, run, sizes
+from .measure import TABLES, compile_timed, peak_rss_of, run, sizes
 from .scenarios import elman_problem, seed_programs
 
 PROGRAMS = seed_programs()
@@ -24,10 +24,14 @@ class SeedScenario:
     def time_gradient(self, *_):
         run(self.gradient, self.cell, self.xs)
 
-    def peakmem_gradient(self, *_):
-        run(self.gradient, self.cell, self.xs)
+    def track_peak_rss_gradient(self, program, length):
+        """Peak RSS while the compiled gradient runs, in a fresh process (see
+        `linear.LinearRecurrence.track_peak_rss_gradient`)."""
+        argv = ["seed", "--length", str(length), "--child", program]
+        return peak_rss_of(TABLES, *argv)
 
     def track_compile_gradient(self, *_):
         return self.compile
 
+    track_peak_rss_gradient.unit = "MiB"
     track_compile_gradient.unit = "seconds"

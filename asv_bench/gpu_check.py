@@ -3,8 +3,9 @@
     python asv_bench/gpu_check.py                    # T = 524288, batch 16, d = 32
     python asv_bench/gpu_check.py --length 4096 --gru-length 4096   # quick, any backend
 
-Measures, against sequential `lax.scan` on the same device, in one run (median of
-`--repeats` timed calls of compiled programs, compile outside the timing):
+Measures, against sequential `lax.scan` on the same device, in one run (the candidates
+of `tables.py linear` and `tables.py solvers`, compiled first, then timed in
+`--repeats` interleaved rounds, medians; `benchmarks/measure.py`):
 
 1. the linear recurrence `h[t] = a[t] * h[t-1] + b[t]` on (T, batch, d), forward and
    gradient with respect to (a, b), for every method (target on an H200: >= 100x);
@@ -21,8 +22,9 @@ import time
 import jax
 import jax.numpy as jnp
 from benchmarks.measure import (  # asv_bench/benchmarks
-    compile_timed,
+    compile_all,
     interleaved_medians,
+    print_table,
 )
 from benchmarks.scenarios import (
     LINEAR_METHODS,
@@ -34,47 +36,51 @@ from benchmarks.scenarios import (
 )
 
 
-def timed(fn, *args, repeats):
-    """`(median seconds, compile seconds)` of `jax.jit(fn)` on `args`."""
-    compiled, compile_s = compile_timed(fn, *args)
-    med = interleaved_medians({0: (compiled, compile_s)}, *args, repeats=repeats)
-    return med[0], compile_s
-
-
-def linear_rows(args):
+def linear_table(args):
+    """Every method's forward and gradient against `lax.scan`'s, interleaved; then the
+    bandwidth of the chunked forward against a device copy of as many bytes."""
     a, b = linear_problem(args.length, args.hidden, batch=args.batch)
-    rows, base = [], {}
+    programs = {
+        (name, kind): fn
+        for name in LINEAR_METHODS
+        for kind, fn in linear_programs(name).items()
+    }
+    compiled = compile_all(programs, a, b)
+    med = interleaved_medians(compiled, a, b, repeats=args.repeats)
+    print(
+        f"\n## Linear recurrence, T = {args.length}, batch {args.batch}, "
+        f"d = {args.hidden}, float32 (speed-up = lax.scan time / method time)\n"
+    )
+    header = ["method", "fwd (ms)", "fwd speed-up", "fwd compile (s)", "grad (ms)"]
+    header += ["grad speed-up", "grad compile (s)"]
+    rows = []
     for name in LINEAR_METHODS:
-        programs = linear_programs(name)
-        fwd_s, fwd_c = timed(programs["fwd"], a, b, repeats=args.repeats)
-        grad_s, grad_c = timed(programs["grad"], a, b, repeats=args.repeats)
-        if name == "lax.scan":
-            base = {"fwd": fwd_s, "grad": grad_s}
-        rows.append(
-            (
-                name,
-                fwd_s,
-                base["fwd"] / fwd_s,
-                fwd_c,
-                grad_s,
-                base["grad"] / grad_s,
-                grad_c,
-            )
-        )
-    return rows, a, b
+        row = [name]
+        for kind in ("fwd", "grad"):
+            t, base = med[name, kind], med["lax.scan", kind]
+            row += [f"{t * 1e3:.2f}", f"{base / t:.1f}x"]
+            row += [f"{compiled[name, kind][1]:.2f}"]
+        rows.append(row)
+    print_table(header, rows)
 
-
-def bandwidth_row(args, a, b):
-    chunked = linear_programs("chunked")["fwd"]
-    fwd_s, _ = timed(chunked, a, b, repeats=args.repeats)
     moved = a.nbytes + b.nbytes + b.nbytes  # read a, b; write hs
     # a copy reads and writes its array: copying moved / 2 bytes moves as many
     x = jnp.zeros(moved // 2 // 4, jnp.float32)
-    copy_s, _ = timed(lambda x: x + 1, x, repeats=args.repeats)
-    return moved, fwd_s, copy_s
+    copy = compile_all({"copy": lambda x: x + 1}, x)
+    copy_s = interleaved_medians(copy, x, repeats=args.repeats)["copy"]
+    fwd_s = med["chunked", "fwd"]
+    print(
+        f"\n## Bandwidth of the chunked forward\n\n"
+        f"moves {moved / 2**20:.0f} MiB in {fwd_s * 1e3:.2f} ms = "
+        f"{moved / fwd_s / 1e9:.0f} GB/s; a device copy of as many bytes takes "
+        f"{copy_s * 1e3:.2f} ms = {moved / copy_s / 1e9:.0f} GB/s: "
+        f"**{copy_s / fwd_s:.0%} of copy bandwidth**",
+        flush=True,
+    )
 
 
-def gru_rows(args):
+def gru_table(args):
+    """Chunked Newton and Picard against `Sequential` (a plain `lax.scan`)."""
     cell, xs, h0 = gru_problem(args.gru_length, args.hidden)
     every = gru_solvers(chunk=args.chunk)
     names = [
@@ -83,28 +89,26 @@ def gru_rows(args):
         f"Picard(chunk_size={args.chunk})",
     ]
     reference = jax.jit(solver_programs(every["Sequential"], h0)["fwd"])(cell, xs)
-    rows, base = [], {}
+    programs, solved = {}, {}
     for name in names:
-        programs = solver_programs(every[name], h0)
-        sol = jax.jit(programs["solve"])(cell, xs)
-        iters = int(sol.stats["num_iterations"])
+        p = solver_programs(every[name], h0)
+        sol = jax.jit(p["solve"])(cell, xs)
         err = float(jnp.max(jnp.abs(sol.hs - reference)))
-        fwd_s, _ = timed(programs["fwd"], cell, xs, repeats=args.repeats)
-        grad_s, _ = timed(programs["grad"], cell, xs, repeats=args.repeats)
-        if not base:
-            base = {"fwd": fwd_s, "grad": grad_s}
-        rows.append(
-            (
-                name,
-                iters,
-                err,
-                fwd_s,
-                base["fwd"] / fwd_s,
-                grad_s,
-                base["grad"] / grad_s,
-            )
-        )
-    return rows
+        solved[name] = (int(sol.stats["num_iterations"]), err)
+        programs[name, "fwd"], programs[name, "grad"] = p["fwd"], p["grad"]
+    compiled = compile_all(programs, cell, xs)
+    med = interleaved_medians(compiled, cell, xs, repeats=args.repeats)
+    print(f"\n## GRU 1 -> {args.hidden}, T = {args.gru_length}, float32, tol 1e-5\n")
+    header = ["solver", "iterations", "max abs err", "fwd (ms)", "fwd speed-up"]
+    header += ["grad (ms)", "grad speed-up"]
+    rows = []
+    for name, (iters, err) in solved.items():
+        row = [name, iters, f"{err:.1e}"]
+        for kind in ("fwd", "grad"):
+            t, base = med[name, kind], med["Sequential", kind]
+            row += [f"{t * 1e3:.2f}", f"{base / t:.1f}x"]
+        rows.append(row)
+    print_table(header, rows)
 
 
 def main():
@@ -120,45 +124,11 @@ def main():
     device = jax.devices()[0]
     print(
         f"# pscan GPU check, {time.strftime('%Y-%m-%d')}, jax {jax.__version__}, "
-        f"{device.platform} {device.device_kind}"
+        f"{device.platform} {device.device_kind}, median of {args.repeats} "
+        "interleaved runs"
     )
-    rows, a, b = linear_rows(args)
-    print(
-        f"\n## Linear recurrence, T = {args.length}, batch {args.batch}, "
-        f"d = {args.hidden}, float32 (speed-up = lax.scan time / method time)\n"
-    )
-    print(
-        "| method | fwd (ms) | fwd speed-up | fwd compile (s) | grad (ms) "
-        "| grad speed-up | grad compile (s) |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for name, f, fs, fc, g, gs, gc in rows:
-        print(
-            f"| {name} | {f * 1e3:.2f} | {fs:.1f}x | {fc:.2f} | {g * 1e3:.2f} | "
-            f"{gs:.1f}x | {gc:.2f} |",
-            flush=True,
-        )
-    moved, fwd_s, copy_s = bandwidth_row(args, a, b)
-    print(
-        f"\n## Bandwidth of the chunked forward\n\n"
-        f"moves {moved / 2**20:.0f} MiB in {fwd_s * 1e3:.2f} ms = "
-        f"{moved / fwd_s / 1e9:.0f} GB/s; a device copy of as many bytes takes "
-        f"{copy_s * 1e3:.2f} ms = {moved / copy_s / 1e9:.0f} GB/s: "
-        f"**{copy_s / fwd_s:.0%} of copy bandwidth**",
-        flush=True,
-    )
-    print(f"\n## GRU 1 -> {args.hidden}, T = {args.gru_length}, float32, tol 1e-5\n")
-    print(
-        "| solver | iterations | max abs err | fwd (ms) | fwd speed-up | grad (ms) "
-        "| grad speed-up |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for name, it, err, f, fs, g, gs in gru_rows(args):
-        print(
-            f"| {name} | {it} | {err:.1e} | {f * 1e3:.2f} | {fs:.1f}x | "
-            f"{g * 1e3:.2f} | {gs:.1f}x |",
-            flush=True,
-        )
+    linear_table(args)
+    gru_table(args)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,9 @@ from benchmarks.measure import (
     compile_all,
     interleaved_medians,
     peak_rss_of,
+    print_table as _table,
     report_peak_rss,
+    table_row as _row,
     temp_mib,
 )
 from benchmarks.scenarios import (
@@ -51,18 +53,6 @@ from benchmarks.scenarios import (
 )
 
 import pscan
-
-
-def _row(row):
-    """One markdown table row, printed at once (tables that take long stream rows)."""
-    print("| " + " | ".join(str(x) for x in row) + " |", flush=True)
-
-
-def _table(header, rows):
-    _row(header)
-    print("|" + "---|" * len(header))
-    for row in rows:
-        _row(row)
 
 
 def _child_args(args, *names):

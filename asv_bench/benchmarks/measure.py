@@ -84,3 +84,16 @@ def peak_rss_of(script, *argv):
         [sys.executable, script, *argv], capture_output=True, text=True, check=True
     )
     return json.loads(out.stdout.strip().splitlines()[-1])["peak_rss_mib"]
+
+
+def table_row(row):
+    """One markdown table row, printed at once (tables that take long stream rows)."""
+    print("| " + " | ".join(str(x) for x in row) + " |", flush=True)
+
+
+def print_table(header, rows):
+    """A markdown table: the header, its rule, the rows."""
+    table_row(header)
+    print("|" + "---|" * len(header))
+    for row in rows:
+        table_row(row)

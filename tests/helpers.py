@@ -174,22 +174,29 @@ def scan_cell(cell, xs, h0):
     return lax.scan(step, h0, xs)[1]
 
 
-def assert_exact_derivatives(solver, cell, xs, h0):
-    """Through `solver`, the gradient of a weighted loss wrt the cell, `xs` and `h0`,
-    and the tangent for tangents of `xs` and `h0`, equal autodiff through `lax.scan`
-    (`scan_cell`). (One compiled program each: compiling dominates at test sizes.)"""
+def assert_exact_derivatives(
+    solver, cell, xs, h0, *, scalar=None, tangents=None, leaf=lambda c: c.weight_hh
+):
+    """Through `solver`, the gradient of a loss `scalar(hs)` (default: a weighted sum of
+    `sin(hs)`) wrt the cell (its array `leaf`), `xs` and `h0`, and the tangent for
+    `tangents` of `(xs, h0)` (default: `(sin(xs), 1)`), equal autodiff through
+    `lax.scan` (`scan_cell`). (One compiled program each: compiling dominates at test
+    sizes.)"""
     import pscan
 
-    w = jnp.cos(jnp.arange(float(xs.shape[0] * h0.shape[0]))).reshape(-1, h0.shape[0])
-    loss = lambda run: lambda args: jnp.sum(w * jnp.sin(run(*args)))
+    if scalar is None:
+        w = jnp.cos(jnp.arange(float(xs.shape[0] * h0.shape[0])))
+        scalar = lambda hs: jnp.sum(w.reshape(hs.shape) * jnp.sin(hs))
+    if tangents is None:
+        tangents = (jnp.sin(xs), jnp.ones_like(h0))
+    loss = lambda run: lambda args: scalar(run(*args))
     ours = lambda c, xs, h0: pscan.recurrence(c, xs, h0, solver=solver).hs
     g = eqx.filter_jit(eqx.filter_grad(loss(ours)))((cell, xs, h0))
     g_ref = eqx.filter_grad(loss(scan_cell))((cell, xs, h0))
-    assert_allclose(g[0].weight_hh, g_ref[0].weight_hh)
+    assert_allclose(leaf(g[0]), leaf(g_ref[0]))
     assert_allclose(g[1], g_ref[1])
     assert_allclose(g[2], g_ref[2])
-    t = (jnp.sin(xs), jnp.ones_like(h0))
     jvp = lambda run: eqx.filter_jit(
-        lambda: jax.jvp(lambda *a: run(cell, *a), (xs, h0), t)[1]
+        lambda: jax.jvp(lambda *a: run(cell, *a), (xs, h0), tangents)[1]
     )
     assert_allclose(jvp(ours)(), jvp(scan_cell)())

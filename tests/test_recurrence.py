@@ -9,7 +9,13 @@ from jax.test_util import check_grads
 
 import pscan
 
-from .helpers import ElmanCell, assert_allclose, scan_cell, to_dtype
+from .helpers import (
+    ElmanCell,
+    assert_allclose,
+    assert_exact_derivatives,
+    scan_cell,
+    to_dtype,
+)
 
 TIGHT = dict(rtol=1e-13, atol=1e-13)
 solve = eqx.filter_jit(pscan.recurrence)
@@ -624,21 +630,16 @@ def test_complex_states(solver):
     assert sol.hs.dtype == jnp.complex128
     assert_allclose(sol.hs, scan_cell(cell, xs, h0))
 
-    def loss(run):
-        return lambda args: jnp.sum(jnp.abs(run(*args)) ** 2)
-
-    ours = lambda c, xs, h0: pscan.recurrence(c, xs, h0, solver=solver).hs
-    g = eqx.filter_jit(eqx.filter_grad(loss(ours)))((cell, xs, h0))
-    g_ref = eqx.filter_grad(loss(scan_cell))((cell, xs, h0))
-    assert_allclose(g[0].w, g_ref[0].w)
-    assert_allclose(g[1], g_ref[1])
-    assert_allclose(g[2], g_ref[2])
     # forward mode: a complex tangent of h0, a real one of xs
-    tangents = (jnp.cos(xs), jnp.array([1.0, 1j, 0.5 - 0.5j]))
-    jvp = lambda run: eqx.filter_jit(
-        lambda: jax.jvp(lambda *a: run(cell, *a), (xs, h0), tangents)[1]
-    )()
-    assert_allclose(jvp(ours), jvp(scan_cell))
+    assert_exact_derivatives(
+        solver,
+        cell,
+        xs,
+        h0,
+        scalar=lambda hs: jnp.sum(jnp.abs(hs) ** 2),
+        tangents=(jnp.cos(xs), jnp.array([1.0, 1j, 0.5 - 0.5j])),
+        leaf=lambda c: c.w,
+    )
 
 
 @pytest.mark.parametrize("solver", ["picard", "shooting", "quasi-deer"])

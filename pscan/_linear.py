@@ -46,23 +46,18 @@ def _apply(a, h, dense: bool):
 
 
 def _act(a, h, dense: bool):
-    """`a` acting on a state `h` inside a solve. An elementwise zero coefficient
-    forgets the state whatever its value (`0 * nan` is taken as 0), so that a reset
-    (`a = 0`) stops a non-finite state as running the segments separately would.
-    (Not used by the derivative rules, which must stay linear in their tangents.)"""
+    """`a` acting on a state `h` (or a partial state, or a cotangent) inside a solve,
+    where a zero times anything is zero (elementwise `a`; a dense product has no such
+    cheap guard). A zero coefficient forgets the state whatever its value, so that a
+    reset (`a = 0`) stops a non-finite state as running the segments separately
+    would; a zero state is not made NaN by an infinite or NaN coefficient, so that a
+    parallel combine never forms `inf * 0` from a composed coefficient that overflowed
+    (|a| > 1 over many steps), and the backward pass of a loss that never reaches a
+    step never sees that step's coefficients. (Not used by the derivative rules,
+    which must stay linear in their tangents.)"""
     if dense:
         return _apply(a, h, dense)
-    return jnp.where(a == 0, jnp.zeros((), h.dtype), a * h)
-
-
-def _carry(a, b, dense: bool):
-    """`a` acting on a partial state `b` inside a parallel combine. A composed
-    coefficient may overflow to inf where the sequential loop never forms it (|a| > 1
-    over many steps); acting on an exact zero it must still give zero, not NaN.
-    (Elementwise only: a dense product has no such cheap guard.)"""
-    if dense:
-        return _apply(a, b, dense)
-    return jnp.where((b == 0) | (a == 0), jnp.zeros((), b.dtype), a * b)
+    return jnp.where((a == 0) | (h == 0), jnp.zeros((), h.dtype), a * h)
 
 
 def _compose(a_later, a_earlier, dense: bool):
@@ -174,7 +169,7 @@ def _associative(a, b, h0, *, reverse: bool, dense: bool):
     def combine(earlier, later):
         a_e, b_e = earlier
         a_l, b_l = later
-        return _compose(a_l, a_e, dense), _carry(a_l, b_e, dense) + b_l
+        return _compose(a_l, a_e, dense), _act(a_l, b_e, dense) + b_l
 
     _, hs = lax.associative_scan(combine, (a, b), reverse=reverse)
     return hs
@@ -207,7 +202,7 @@ def _doubling(a, b, h0, *, reverse: bool, dense: bool):
         a, b = ab
         shift = jnp.left_shift(1, k)
         a_e, b_e = shifted(a, pad_a, shift), shifted(b, pad_b, shift)
-        return _compose(a, a_e, dense), _carry(a, b_e, dense) + b
+        return _compose(a, a_e, dense), _act(a, b_e, dense) + b
 
     rounds = max(0, (n - 1).bit_length())
     _, hs = lax.fori_loop(0, rounds, body, (a, b))
@@ -518,6 +513,9 @@ def linear_recurrence(
     non-finite data too (NaN or +-inf in an argument, states that overflow): where a
     parallel method's states are not all finite, the loop recomputes them (the chunked
     method checks only its chunk starts), so an inf stays an inf of the loop's sign.
+    In the elementwise algebra a zero times anything is zero (a zero state after a
+    reset, or a zero cotangent): a loss on the steps before a NaN or inf coefficient
+    has the finite gradient of that prefix, by every method (`lax.scan` gives NaN).
 
     **Raises:**
 

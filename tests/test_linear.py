@@ -457,6 +457,29 @@ def test_growing_coefficients_never_nan_where_sequential_is_finite(method, a, b)
     np.testing.assert_array_equal(hs[~finite], ref[~finite])
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("method", METHODS)
+def test_gradient_before_a_nonfinite_coefficient_is_finite(method, bad):
+    """A loss on the steps before a NaN / inf coefficient does not depend on it: its
+    gradient wrt `b` and `h0` is that of the prefix alone, by every method (a zero
+    cotangent times the bad coefficient is zero, not NaN, as a zero state is)."""
+    a, b, h0 = make_linear_problem(4, 30, (2,))
+    a[17, 0] = bad
+    a[20, 1] = bad
+
+    def grads(a, b, method):
+        loss = lambda b, h0: jnp.sum(
+            jnp.sin(pscan.linear_recurrence(a, b, h0, **_kwargs(method))[:12])
+        )
+        return jax.grad(loss, argnums=(0, 1))(b, h0)
+
+    g_b, g_h0 = grads(a, b, method)
+    ref_b, ref_h0 = grads(a[:12], b[:12], "sequential")
+    assert_allclose(g_b[:12], ref_b)
+    np.testing.assert_array_equal(g_b[12:], 0)
+    assert_allclose(g_h0, ref_h0)
+
+
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("dense", [False, True])
 @pytest.mark.parametrize("method", ["chunked", "associative"])

@@ -12,14 +12,16 @@ from 200 to 524288. Three ways to write it:
   one gradient costs O(T^2); it stops once the next length would take over twice
   `--naive-limit` seconds.
 
-Prints a table (compile time, gradient time, peak memory of the compiled gradient as
-XLA accounts it) and writes a log-log plot.
+Prints a table (compile time; gradient time, the median of `--repeats` rounds in which
+the programs of one length run in turns, as `asv_bench/tables.py` times; peak memory of
+the compiled gradient as XLA accounts it) and writes a log-log plot.
 
     python examples/seed_scaling.py                       # T = 200 ... 524288
     python examples/seed_scaling.py --max-length 3200     # quick
 """
 
 import argparse
+import statistics
 import time
 
 import jax
@@ -83,17 +85,30 @@ def memory_mib(compiled):
         return float("nan")
 
 
-def measure(loss, cell, xs):
-    """`(compile s, gradient s, peak MiB)` of `jax.grad(loss)` at these shapes."""
-    start = time.perf_counter()
-    compiled = jax.jit(jax.grad(loss)).lower(cell, xs).compile()
-    compile_s = time.perf_counter() - start
-    times = []
-    while len(times) < 7 and sum(times) < 2.0:
+def measure(names, cell, xs, repeats):
+    """`{name: (compile s, gradient s, peak MiB)}` of `jax.grad` of each loss at these
+    shapes. Every program is compiled first, then the programs run in turns, `repeats`
+    rounds, and each one's time is its median: the rule of `asv_bench/tables.py`, so
+    that a slow moment of the machine falls on every column alike."""
+    compiled, compile_s = {}, {}
+    for name in names:
         start = time.perf_counter()
-        jax.block_until_ready(compiled(cell, xs))
-        times.append(time.perf_counter() - start)
-    return compile_s, min(times), memory_mib(compiled)
+        compiled[name] = jax.jit(jax.grad(LOSSES[name])).lower(cell, xs).compile()
+        compile_s[name] = time.perf_counter() - start
+    times = {name: [] for name in names}
+    for _ in range(repeats):
+        for name in names:
+            start = time.perf_counter()
+            jax.block_until_ready(compiled[name](cell, xs))
+            times[name].append(time.perf_counter() - start)
+    return {
+        name: (
+            compile_s[name],
+            statistics.median(times[name]),
+            memory_mib(compiled[name]),
+        )
+        for name in names
+    }
 
 
 def plot(results, path):
@@ -134,6 +149,9 @@ def main():
         default=60.0,
         help="stop the naive loop near this many seconds per gradient",
     )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed rounds per length (median)"
+    )
     parser.add_argument("--skip-scan", action="store_true", help="no lax.scan column")
     parser.add_argument("--plot", default="seed_scaling.png")
     args = parser.parse_args()
@@ -151,22 +169,20 @@ def main():
     print("|---|---|---|---|---|---|")
     for t in lengths(args.max_length):
         xs = jax.random.normal(key, (BATCH, t, WIDTH), jnp.float32)
-        naive_s = None
-        for name in ("naive", "lax.scan", "pscan"):
-            if not running[name]:
-                continue
-            compile_s, grad_s, mib = measure(LOSSES[name], cell, xs)
+        names = [name for name in ("naive", "lax.scan", "pscan") if running[name]]
+        measured = measure(names, cell, xs, args.repeats)
+        naive_s = measured["naive"][1] if "naive" in measured else None
+        for name, (compile_s, grad_s, mib) in measured.items():
             results[name].append((t, compile_s, grad_s, mib))
-            naive_s = grad_s if name == "naive" else naive_s
             speedup = f"{naive_s / grad_s:.0f}x" if naive_s and name != "naive" else ""
             print(
                 f"| {t} | {name} | {compile_s:.2f} | {grad_s:.4f} | {mib:.0f} | "
                 f"{speedup} |",
                 flush=True,
             )
-            # stop the quadratic loop once the next length would pass the limit
-            if name == "naive" and grad_s * 4 > 2 * args.naive_limit:
-                running["naive"] = False
+        # stop the quadratic loop once the next length would pass the limit
+        if naive_s is not None and naive_s * 4 > 2 * args.naive_limit:
+            running["naive"] = False
     rows = results["pscan"]
     doubling = [
         (g2 / g1) / (t2 / t1) * 2

@@ -1,6 +1,7 @@
 """pscan: long recurrences in JAX, in parallel and exactly differentiable."""
 
 from . import nn as nn
+from ._associative import associative_scan as associative_scan
 from ._linear import linear_recurrence as linear_recurrence
 from ._recurrence import recurrence as recurrence
 from ._sharding import (

@@ -24,6 +24,7 @@ import numpy as np
 from jax.interpreters import ad, batching, mlir
 from jaxtyping import Array, ArrayLike, Bool, Inexact, Int
 
+from ._associative import associative_scan, at_step, auto_method, doubling, fold
 from ._axis import like_inputs
 from ._chunking import default_chunk_size, from_chunks, shift_in, to_chunks
 from ._segments import along_time, segment_masks
@@ -83,13 +84,6 @@ def _identity_like(a, dense: bool):
     return jnp.ones((), a.dtype)
 
 
-def _at(x, s, axis: int):
-    """Step `s` of `x` along `axis`; an axis of length 1 is shared by every step."""
-    if x.shape[axis] == 1:
-        return lax.index_in_dim(x, 0, axis, keepdims=False)
-    return lax.dynamic_index_in_dim(x, s, axis, keepdims=False)
-
-
 def _full_time(a, length: int):
     """`a` with its (possibly shared, length-1) time axis materialised to `length`."""
     return jnp.broadcast_to(a, (length, *a.shape[1:]))
@@ -103,14 +97,9 @@ def _full_time(a, length: int):
 
 
 def _loop(a, b, h0, *, axis: int, reverse: bool, dense: bool, emit=True, adjoint=False):
-    """The one sequential loop: the recurrence along `axis` of `a` and `b`.
-
-    `axis=0` is time, run by `lax.scan`. `axis=1` runs inside chunks laid out as
-    `(K, C, ...)`, vectorised over the K chunks by a `fori_loop` that reads and writes
-    strided slices, so that no transposed copy is ever made; its states go to a fresh
-    buffer that nothing else reads (a loop that read and overwrote one buffer lets XLA
-    copy the whole buffer on every step, O(T^2): jax #10197). Returns `(hs, h_final)`;
-    `hs` is `None` unless `emit`.
+    """The one sequential loop: the recurrence along `axis` of `a` and `b` (time, or
+    the steps inside chunks laid out `(K, C, ...)`, vectorised over the chunks: see
+    `fold`). Returns `(hs, h_final)`; `hs` is `None` unless `emit`.
 
     `adjoint=True` runs the transposed recurrence `lam[t] = b[t] + a[t+1] lam[t+1]`
     (indices mirrored if `reverse`) in message form: it emits `lam = b[s] + m` and
@@ -118,7 +107,8 @@ def _loop(a, b, h0, *, axis: int, reverse: bool, dense: bool, emit=True, adjoint
     carry is the cotangent of the initial state.
     """
 
-    def step(h, a_s, b_s):
+    def step(h, ab):
+        a_s, b_s = ab
         if adjoint:
             y = b_s + h
             return _act(a_s, y, dense), y
@@ -127,31 +117,7 @@ def _loop(a, b, h0, *, axis: int, reverse: bool, dense: bool, emit=True, adjoint
 
     # inside shard_map the carry must vary across devices as the inputs do
     h0 = like_inputs(h0, b, axis)
-    if axis == 0:
-        shared = a.shape[0] == 1
-
-        def scan_step(h, ab):
-            a_s, b_s = ab
-            h, y = step(h, a[0] if shared else a_s, b_s)
-            return h, (y if emit else None)
-
-        xs = (None if shared else a, b)
-        h_final, hs = lax.scan(scan_step, h0, xs, reverse=reverse)
-        return hs, h_final
-
-    n = b.shape[axis]
-
-    def body(i, carry):
-        h, out = carry
-        s = n - 1 - i if reverse else i
-        b_s = lax.dynamic_index_in_dim(b, s, axis, keepdims=False)
-        h, y = step(h, _at(a, s, axis), b_s)
-        if emit:
-            out = lax.dynamic_update_index_in_dim(out, y, s, axis)
-        return h, out
-
-    h_final, hs = lax.fori_loop(0, n, body, (h0, jnp.zeros_like(b) if emit else None))
-    return hs, h_final
+    return fold(step, h0, (a, b), axis=axis, reverse=reverse, emit=emit)
 
 
 def _sequential(a, b, h0, *, reverse: bool, dense: bool):
@@ -159,9 +125,34 @@ def _sequential(a, b, h0, *, reverse: bool, dense: bool):
     return _loop(a, b, h0, axis=0, reverse=reverse, dense=dense)[0]
 
 
-def _associative(a, b, h0, *, reverse: bool, dense: bool):
+def _associative(a, b, h0, *, reverse: bool, dense: bool, zero_h0: bool):
     """`lax.associative_scan` on `(a, b)` pairs: depth `O(log T)`, work `O(T)` combines
-    (each `O(d^3)` for dense `a`)."""
+    (each `O(d^3)` for dense `a`). The plain affine combine, as a direct
+    `lax.associative_scan` has it; `h0` enters at the end through the scanned
+    coefficients (`hs[t] += A[t] h0`, no copy of `b`), and not at all when it is known
+    to be zero. Non-finite states are recomputed by `_solve`'s loop, so the zero
+    guards of `_act` are not needed here."""
+    a = _full_time(a, b.shape[0])
+
+    def combine(earlier, later):
+        a_e, b_e = earlier
+        a_l, b_l = later
+        a_c = (
+            jnp.matmul(a_l, a_e, precision=lax.Precision.HIGHEST)
+            if dense
+            else a_l * a_e
+        )
+        return a_c, _apply(a_l, b_e, dense) + b_l
+
+    products, hs = associative_scan(combine, (a, b), reverse=reverse)
+    return hs if zero_h0 else hs + _apply(products, h0, dense)
+
+
+def _doubling(a, b, h0, *, reverse: bool, dense: bool):
+    """The recurrence by recursive doubling (`doubling`): depth `O(log T)`, work
+    `O(T log T)`, a compiled program that does not grow with `T`. Used for the chunk
+    summaries of the chunked method, where `T/C` elements make the extra `log` factor
+    cheap."""
     first = -1 if reverse else 0
     a = _full_time(a, b.shape[0])
     b = b.at[first].add(_act(a[first], h0, dense))
@@ -171,42 +162,8 @@ def _associative(a, b, h0, *, reverse: bool, dense: bool):
         a_l, b_l = later
         return _compose(a_l, a_e, dense), _act(a_l, b_e, dense) + b_l
 
-    _, hs = lax.associative_scan(combine, (a, b), reverse=reverse)
-    return hs
-
-
-def _doubling(a, b, h0, *, reverse: bool, dense: bool):
-    """Hillis-Steele scan by recursive doubling: `ceil(log2 T)` rounds in one `fori_loop`.
-
-    Round `k` combines every element with the one `2^k` steps earlier, so afterwards
-    element `t` summarises steps `(t - 2^(k+1), t]`. Depth `O(log T)`, work
-    `O(T log T)`; the compiled program does not grow with `T` (unlike
-    `lax.associative_scan`, whose compile time grows with its depth). Used for the
-    chunk summaries of the chunked method, where `T/C` elements make the extra
-    `log` factor cheap.
-    """
-    n = b.shape[0]
-    first = -1 if reverse else 0
-    a = _full_time(a, n)
-    b = b.at[first].add(_act(a[first], h0, dense))
-    pad_a = jnp.broadcast_to(_identity_like(a, dense), a.shape)
-    pad_b = jnp.zeros_like(b)
-
-    def shifted(x, pad, shift):
-        # x moved `shift` steps later in time (earlier if reverse), `pad` entering
-        if reverse:
-            return lax.dynamic_slice_in_dim(jnp.concatenate([x, pad]), shift, n)
-        return lax.dynamic_slice_in_dim(jnp.concatenate([pad, x]), n - shift, n)
-
-    def body(k, ab):
-        a, b = ab
-        shift = jnp.left_shift(1, k)
-        a_e, b_e = shifted(a, pad_a, shift), shifted(b, pad_b, shift)
-        return _compose(a, a_e, dense), _act(a, b_e, dense) + b
-
-    rounds = max(0, (n - 1).bit_length())
-    _, hs = lax.fori_loop(0, rounds, body, (a, b))
-    return hs
+    identity = (_identity_like(a, dense), jnp.zeros((), b.dtype))
+    return doubling(combine, (a, b), reverse=reverse, identity=identity)[1]
 
 
 def _chunked(a, b, h0, *, reverse: bool, dense: bool, chunk_size: int):
@@ -240,7 +197,7 @@ def _chunked(a, b, h0, *, reverse: bool, dense: bool, chunk_size: int):
 
         def step(i, p):
             s = chunk_size - 1 - i if reverse else i
-            return _compose(_at(ac, s, axis=1), p, dense)
+            return _compose(at_step(ac, s, axis=1), p, dense)
 
         p = lax.fori_loop(0, chunk_size, step, eye)
     elif a.shape[0] == 1:
@@ -264,7 +221,7 @@ def _chunked(a, b, h0, *, reverse: bool, dense: bool, chunk_size: int):
     return from_chunks(hs, length, front=reverse)
 
 
-def _solve(a, b, h0, *, reverse, method, chunk_size, dense):
+def _solve(a, b, h0, *, reverse, method, chunk_size, dense, zero_h0):
     sequential = lambda: _sequential(a, b, h0, reverse=reverse, dense=dense)
     if method == "sequential":
         return sequential()
@@ -272,13 +229,15 @@ def _solve(a, b, h0, *, reverse, method, chunk_size, dense):
         return _chunked(a, b, h0, reverse=reverse, dense=dense, chunk_size=chunk_size)
     elif method != "associative":
         raise AssertionError(method)
-    hs = _associative(a, b, h0, reverse=reverse, dense=dense)
+    hs = _associative(a, b, h0, reverse=reverse, dense=dense, zero_h0=zero_h0)
     # A parallel method combines terms the loop never forms: with infinite inputs, or
     # products of coefficients that overflow (|a| > 1 over many steps), a state can be
     # NaN (inf * 0, inf - inf) or an inf of the other sign where the loop's is +-inf
-    # or finite. States that are not all finite are recomputed by the loop itself
-    # (one pass over `hs` to check; on such data only, the loop's time)
-    return lax.cond(jnp.all(jnp.isfinite(hs)), lambda: hs, sequential)
+    # or finite; and the plain combine has no zero guards. Then the states are
+    # recomputed by the loop itself. The test is that their sum is finite: any
+    # non-finite state makes it so (it costs less than `all(isfinite(hs))`, and a
+    # sum that overflows only sends finite states to the loop, which is exact)
+    return lax.cond(jnp.isfinite(jnp.sum(hs)), lambda: hs, sequential)
 
 
 # --------------------------------------------------------------------------------------
@@ -286,7 +245,7 @@ def _solve(a, b, h0, *, reverse, method, chunk_size, dense):
 # --------------------------------------------------------------------------------------
 
 _linrec_p = jax.extend.core.Primitive("pscan_linear_recurrence")
-_STATIC = ("reverse", "method", "chunk_size", "dense")
+_STATIC = ("reverse", "method", "chunk_size", "dense", "zero_h0")
 _linrec_p.def_impl(jax.jit(_solve, static_argnames=_STATIC))
 # `b`'s own abstract value (shape, dtype and, inside shard_map, how it varies across
 # devices), as the states are
@@ -304,11 +263,13 @@ def _jvp(primals, tangents, **params):
         u = u + _apply(da, h_prev, params["dense"])
     if type(db) is not ad.Zero:
         u = u + db
-    dh0 = jnp.zeros_like(h0) if type(dh0) is ad.Zero else dh0
-    return hs, _linrec_p.bind(a, u, dh0, **params)
+    no_dh0 = type(dh0) is ad.Zero
+    dh0 = jnp.zeros_like(h0) if no_dh0 else dh0
+    return hs, _linrec_p.bind(a, u, dh0, **{**params, "zero_h0": no_dh0})
 
 
-def _transpose(ct, a, b, h0, *, reverse, dense, method, chunk_size):
+def _transpose(ct, a, b, h0, *, reverse, dense, method, chunk_size, zero_h0):
+    del zero_h0  # the cotangent's recurrence starts from zero
     if ad.is_undefined_primal(a):
         raise NotImplementedError("linear_recurrence is linear in (b, h0) only")
     if type(ct) is ad.Zero:
@@ -333,6 +294,7 @@ def _transpose(ct, a, b, h0, *, reverse, dense, method, chunk_size):
             method=method,
             chunk_size=chunk_size,
             dense=dense,
+            zero_h0=True,
         )
         ct_h0 = _apply(a_t[-1 if reverse else 0], lam[-1 if reverse else 0], dense)
     ct_b = lam if ad.is_undefined_primal(b) else None
@@ -392,7 +354,7 @@ def _across_devices(solve, a, b, h0, *, axis_name, reverse: bool, dense: bool):
     """`solve(a, b, h0)` (the local recurrence) over a time axis split across
     `axis_name`; called inside `shard_map` with this device's block."""
     length = b.shape[0]
-    local = solve(a, b, jnp.zeros_like(h0))
+    local = solve(a, b, jnp.zeros_like(h0), zero_h0=True)
     end = local[0] if reverse else local[-1]
     coefficients = lax.all_gather(
         _block_coefficient(a, length, dense, reverse), axis_name
@@ -423,13 +385,6 @@ def _masked(a, b, h0, restart, valid, dense: bool):
 # --------------------------------------------------------------------------------------
 # Public entry point.
 # --------------------------------------------------------------------------------------
-
-
-def _auto_method() -> str:
-    # Measured (docs/benchmarks.md): on CPU the per-step cost of `lax.scan` is low and the
-    # parallel methods only add work; on accelerators each sequential step is a
-    # host-driven loop iteration and the chunked method wins by orders of magnitude.
-    return "sequential" if jax.default_backend() == "cpu" else "chunked"
 
 
 def _as_array(name, x):
@@ -605,6 +560,7 @@ def linear_recurrence(
         a = a.reshape((1,) * (b.ndim - a.ndim) + a.shape)
     # `a` keeps a time axis of length 1 when it is shared by all steps; other axes stay
     # broadcast too: neither is ever materialised by the sequential and chunked methods
+    given_h0 = h0
     if h0 is None:
         h0 = jnp.zeros(state, b.dtype)
     else:
@@ -626,13 +582,13 @@ def linear_recurrence(
     )
     a, b = _masked(a, b, h0, restart, valid, dense)
     if method == "auto":
-        method = _auto_method()
+        method = auto_method()
     if method == "chunked" and chunk_size is None:
         chunk_size = default_chunk_size(steps)
     if method != "chunked":
         chunk_size = None
 
-    def solve(a, b, h0):
+    def solve(a, b, h0, zero_h0=False):
         return _linrec_p.bind(
             a,
             b,
@@ -641,10 +597,11 @@ def linear_recurrence(
             method=method,
             chunk_size=chunk_size,
             dense=dense,
+            zero_h0=zero_h0,
         )
 
     if axis_name is None:
-        return solve(a, b, h0)
+        return solve(a, b, h0, zero_h0=given_h0 is None)
     return _across_devices(
         solve, a, b, h0, axis_name=axis_name, reverse=bool(reverse), dense=dense
     )

@@ -114,7 +114,23 @@ def linear(mesh):
     _, t = jax.jvp(f, (a, b, h0), tangents)
     _, t_ref = jax.jvp(pscan.linear_recurrence, (a, b, h0), tangents)
     close(t, t_ref, "jvp")
-    return count + 2
+    # any associative combine across devices (affine maps, not commutative), checked
+    combine = lambda e, l: (l[0] * e[0], l[0] * e[1] + l[1])
+    for method, reverse in itertools.product(
+        ["sequential", "associative", "chunked"], [False, True]
+    ):
+        scan = lambda e, axis_name=None: pscan.associative_scan(
+            combine, e, reverse=reverse, method=method, axis_name=axis_name
+        )
+        g = jax.shard_map(
+            lambda a, b: scan((a, b), "time"),
+            mesh=mesh,
+            in_specs=(time, time),
+            out_specs=time,
+        )
+        for x, y in zip(jax.jit(g)(a, b), scan((a, b))):
+            close(x, y, f"associative_scan {method} reverse={reverse}")
+    return count + 3
 
 
 def nonlinear(mesh):

@@ -87,3 +87,19 @@ def test_bad_arguments():
         pscan.ELK(radius=0.0)
     with pytest.raises(ValueError, match="`axis_name` is not supported"):
         pscan.ELK(axis_name="time")
+
+
+def test_kalman_scan_methods_agree():
+    """The Kalman filter and smoother run by `pscan.associative_scan`: a loop, XLA's
+    parallel scan or chunks give the same steps (iterations) and the same answer."""
+    cell, xs, h0 = _problem(37, gain=2.0)
+    ref = scan_cell(cell, xs, h0)
+    iterations = set()
+    for method in ("sequential", "associative", "chunked"):
+        solver = pscan.ELK(jacobian="diagonal", method=method, **TIGHT)
+        sol = eqx.filter_jit(pscan.recurrence)(cell, xs, h0, solver=solver)
+        assert_allclose(sol.hs, ref)
+        iterations.add(int(sol.stats["num_iterations"]))
+    assert len(iterations) == 1
+    with pytest.raises(ValueError, match="`method` must be one of"):
+        pscan.ELK(method="parallel")

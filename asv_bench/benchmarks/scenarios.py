@@ -19,12 +19,16 @@ import pscan
 
 
 def linear_problem(length, channels, batch=None, dtype=jnp.float32):
-    """`(a, b)` of shape `(T, [batch,] channels)`, `a` in `[0.5, 0.999)`."""
+    """`(a, b)` of shape `(T, [batch,] channels)`, `|a|` in `[0.5, 0.999)` (for a
+    complex `dtype`, at a random angle)."""
     shape = (length, channels) if batch is None else (length, batch, channels)
-    ka, kb = jax.random.split(jax.random.PRNGKey(0))
-    a = jax.random.uniform(ka, shape, dtype, 0.5, 0.999)
+    ka, kb, kc = jax.random.split(jax.random.PRNGKey(0), 3)
+    real = jnp.finfo(dtype).dtype
+    a = jax.random.uniform(ka, shape, real, 0.5, 0.999)
+    if jnp.issubdtype(dtype, jnp.complexfloating):  # as S5's diagonal: |a| < 1
+        a = a * jnp.exp(1j * jax.random.uniform(kc, shape, real, 0, 2 * jnp.pi))
     b = jax.random.normal(kb, shape, dtype)
-    return a, b
+    return a.astype(dtype), b
 
 
 def scan_linear(a, b):
@@ -37,11 +41,23 @@ def scan_linear(a, b):
     return lax.scan(step, jnp.zeros_like(b[0]), (a, b))[1]
 
 
+def associative_linear(a, b):
+    """The recurrence as a direct `lax.associative_scan` of the affine combine (as S5's
+    code has it): the figure `linear_recurrence(method="associative")` must match."""
+
+    def combine(earlier, later):
+        return later[0] * earlier[0], later[0] * earlier[1] + later[1]
+
+    return lax.associative_scan(combine, (a, b))[1]
+
+
 def linear_forward(method):
-    """`hs(a, b)` for a method name: `"lax.scan"`, a `linear_recurrence` method, or
-    `"chunked:C"` for a chunk size."""
+    """`hs(a, b)` for a method name: `"lax.scan"`, `"lax.associative_scan"`, a
+    `linear_recurrence` method, or `"chunked:C"` for a chunk size."""
     if method == "lax.scan":
         return scan_linear
+    if method == "lax.associative_scan":
+        return associative_linear
     method, _, chunk = method.partition(":")
     chunk_size = int(chunk) if chunk else None
     return lambda a, b: pscan.linear_recurrence(
@@ -50,9 +66,10 @@ def linear_forward(method):
 
 
 def linear_programs(method):
-    """`{"fwd": hs(a, b), "grad": d sum(hs^2) / d(a, b)}`."""
+    """`{"fwd": hs(a, b), "grad": d sum(|hs|^2) / d(a, b)}`."""
     fwd = linear_forward(method)
-    grad = jax.grad(lambda a, b: jnp.sum(fwd(a, b) ** 2), argnums=(0, 1))
+    loss = lambda a, b: jnp.sum((fwd(a, b) * jnp.conj(fwd(a, b))).real)
+    grad = jax.grad(loss, argnums=(0, 1))
     return {"fwd": fwd, "grad": grad}
 
 

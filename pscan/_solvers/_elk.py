@@ -6,6 +6,7 @@ import equinox as eqx
 import jax.lax as lax
 import jax.numpy as jnp
 
+from .._associative import SCAN_METHODS, associative_scan, auto_method
 from ._base import as_python
 from ._jacobian import STRUCTURES, DenseJacobian, DiagonalJacobian
 from ._shooting import AbstractShootingSolver
@@ -56,7 +57,7 @@ class _Diagonal:
 _ALGEBRA = {DenseJacobian: _Dense, DiagonalJacobian: _Diagonal}
 
 
-def _smooth(alg, jac, ends, starts, y, kappa):
+def _smooth(alg, jac, ends, starts, y, kappa, method):
     """The Levenberg-Marquardt step as the posterior mean of a linear-Gaussian
     state-space model, by a parallel Kalman filter and Rauch-Tung-Striebel smoother
     (Särkkä and García-Fernández 2021).
@@ -99,7 +100,7 @@ def _smooth(alg, jac, ends, starts, y, kappa):
         j12 = alg.mm(alg.mm(alg.t(w), j2), a1) + j1
         return a12, b12, c12, eta12, j12
 
-    _, means, covs, _, _ = lax.associative_scan(combine, (a, b, c, eta, jj))
+    _, means, covs, _, _ = associative_scan(combine, (a, b, c, eta, jj), method=method)
     if n == 1:
         return means
     # smoothing elements (E, g) for k = 1..n-1, then (0, m_n)
@@ -117,9 +118,9 @@ def _smooth(alg, jac, ends, starts, y, kappa):
         e1, g1 = earlier
         return alg.mm(e1, e2), alg.mv(e1, g2) + g1
 
-    flip = lambda x: jnp.flip(x, 0)
-    _, smoothed = lax.associative_scan(compose, (flip(e), flip(g)))
-    return flip(smoothed)
+    # from the last element back: a reverse scan, whose "earlier" is the later step
+    _, smoothed = associative_scan(compose, (e, g), reverse=True, method=method)
+    return smoothed
 
 
 class ELK(AbstractShootingSolver):
@@ -150,6 +151,10 @@ class ELK(AbstractShootingSolver):
         changed none by more.
     - `fallback`: `None`, or `"sequential"` to return the exact sequential solution
         (and flag `stats["fell_back"]`) when not converged.
+    - `method`: how the Kalman filter and smoother scan the chunks, as
+        `pscan.associative_scan` does: `"sequential"`, `"associative"`, `"chunked"`,
+        or `"auto"` (sequential on CPU, chunked on accelerators, as
+        `pscan.linear_recurrence` chooses).
     - `axis_name`: must be None (ELK across devices is not implemented).
     """
 
@@ -160,6 +165,7 @@ class ELK(AbstractShootingSolver):
     rtol: float = eqx.field(static=True, default=1e-6, converter=as_python)
     atol: float = eqx.field(static=True, default=1e-6, converter=as_python)
     fallback: str | None = eqx.field(static=True, default=None)
+    method: str = eqx.field(static=True, default="auto")
     axis_name: str | None = eqx.field(static=True, default=None)
     name: ClassVar[str] = "ELK"
 
@@ -172,6 +178,11 @@ class ELK(AbstractShootingSolver):
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not r > 0:
             raise ValueError(
                 f"pscan.ELK: `radius` must be a positive number, got {r!r}"
+            )
+        if self.method not in ("auto", *SCAN_METHODS):
+            raise ValueError(
+                f"pscan.ELK: `method` must be one of {('auto', *SCAN_METHODS)}, got "
+                f"{self.method!r}"
             )
         if self.axis_name is not None:
             raise ValueError("pscan.ELK: `axis_name` is not supported yet")
@@ -211,9 +222,9 @@ class ELK(AbstractShootingSolver):
         kept = jnp.where(after_exact[:, None], implied, starts)
         y = kept[1:]
         kappa = jnp.where(known, 1.0, 1 / (1 + radius)).astype(radius.dtype)
-        proposal = jnp.concatenate(
-            [chunks.h0[None], _smooth(alg, jac, ends, starts, y, kappa)]
-        )
+        method = auto_method() if self.method == "auto" else self.method
+        smoothed = _smooth(alg, jac, ends, starts, y, kappa, method)
+        proposal = jnp.concatenate([chunks.h0[None], smoothed])
         leading = lambda solved: jnp.sum(jnp.cumprod(solved))
         now = jnp.sum(jnp.abs(residual) ** 2)
         # the linear model's residual at the proposal, and the true one

@@ -22,6 +22,7 @@ import argparse
 import os
 import subprocess
 import sys
+import time
 
 import equinox as eqx
 import jax
@@ -30,13 +31,14 @@ from benchmarks.measure import (
     compile_all,
     interleaved_medians,
     peak_rss_of,
-    print_table as _table,
+    print_table,
     report_peak_rss,
-    table_row as _row,
+    table_row,
     temp_mib,
 )
 from benchmarks.scenarios import (
     AR_GRU_CONFIGS,
+    MILD_AR_GRU_CONFIG,
     ar_gru_problem,
     cell_residual,
     chaos_solvers,
@@ -93,7 +95,7 @@ def linear(args):
             ratio = rss[name, program] / rss["lax.scan", program]
             row += [f"{rss[name, program]:.0f}", f"{ratio:.2f}x"]
         rows.append(row)
-    _table(header, rows)
+    print_table(header, rows)
 
 
 def solvers(args):
@@ -141,7 +143,7 @@ def solvers(args):
                 f"{compiled[name, 'grad'][1] / base_c:.2f}x",
             ]
         )
-    _table(header, rows)
+    print_table(header, rows)
 
 
 def deer(args):
@@ -184,19 +186,29 @@ def deer(args):
                 f"{temp_mib(exe) / temp_mib(compiled[base][0]):.2f}x",
             ]
         )
-    _table(header, rows)
+    print_table(header, rows)
 
 
 def chaos(args):
-    """Iterations to converge on chaotic autoregressive GRUs (float32), every solver
-    stopping when no state moved by more than `atol` (pscan: `rtol=0`)."""
+    """Iterations to converge on chaotic autoregressive GRUs (float32), and on a milder
+    one, every solver stopping when no state moved by more than `atol` (pscan:
+    `rtol=0`); wall time of one compiled solve; ELK's final trust radius."""
     solvers = chaos_solvers(args.length, args.atol)
     print(f"# T = {args.length}, float32, atol {args.atol}, jax {jax.__version__}")
     header = ["cell (d, gain, readout gain)", "solver", "converged", "iterations"]
-    header += ["max residual |h[t] - cell(x[t], h[t-1])|"]
-    _table(header, [])
-    for config in AR_GRU_CONFIGS:
+    header += ["max residual |h[t] - cell(x[t], h[t-1])|", "wall time (s)"]
+    header += ["final radius"]
+    print_table(header, [])
+    for config in [*AR_GRU_CONFIGS, MILD_AR_GRU_CONFIG]:
         _chaos_rows(args, solvers, config)
+
+
+def _timed(fn, *args):
+    """`(output, seconds)` of a compiled call (compiled by a first call)."""
+    jax.block_until_ready(fn(*args))
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    return out, time.perf_counter() - start
 
 
 def _chaos_rows(args, solvers, config):
@@ -204,14 +216,20 @@ def _chaos_rows(args, solvers, config):
     name = f"AR-GRU {config[:3]}"
     residual = lambda hs: f"{cell_residual(cell, xs, h0, hs):.1e}"
     run = lambda c, xs: deer_reference(c, xs, h0, args.length + 1, args.atol)
-    hs, it = jax.jit(run)(cell, xs)
-    _row(
-        [name, "reference DEER (seq1d)", int(it) <= args.length, int(it), residual(hs)]
-    )
+    (hs, it), seconds = _timed(jax.jit(run), cell, xs)
+    converged = int(it) <= args.length
+    label = "reference DEER (seq1d)"
+    table_row([name, label, converged, int(it), residual(hs), f"{seconds:.2f}", ""])
     for label, solver in solvers.items():
-        sol = eqx.filter_jit(pscan.recurrence)(cell, xs, h0, solver=solver, throw=False)
+        solve = eqx.filter_jit(
+            lambda c, xs, s=solver: pscan.recurrence(c, xs, h0, solver=s, throw=False)
+        )
+        sol, seconds = _timed(solve, cell, xs)
         ok = bool(sol.result == pscan.RESULTS.successful)
-        _row([name, label, ok, int(sol.stats["num_iterations"]), residual(sol.hs)])
+        radius = sol.stats.get("radius")
+        radius = "" if radius is None else f"{float(radius):.0e}"
+        iters = int(sol.stats["num_iterations"])
+        table_row([name, label, ok, iters, residual(sol.hs), f"{seconds:.2f}", radius])
 
 
 def gradmem(args):
@@ -232,7 +250,7 @@ def gradmem(args):
     print(f"# GRU, float32, jax {jax.__version__}, backend {jax.default_backend()}")
     header = ["T", "d", "solver", "XLA temp fwd (MiB)", "XLA temp grad (MiB)"]
     header += ["grad vs Sequential", "grad of sum(hs**2) (MiB)", "vs Sequential"]
-    _table(header, [])
+    print_table(header, [])
     for size in args.sizes.split(","):
         length, hidden = (int(n) for n in size.split("x"))
         cell, xs, h0 = gru_problem(length, hidden)
@@ -244,7 +262,7 @@ def gradmem(args):
                 for k in ("fwd", "grad", "grad_sq")
             )
             base = (grad, grad_sq) if base is None else base
-            _row(
+            table_row(
                 [
                     length,
                     hidden,
@@ -274,7 +292,7 @@ def seed(args):
     header = ["program", "grad (s)", "vs lax.scan", "peak RSS (MiB)", "vs lax.scan"]
     header += ["XLA temp (MiB)"]
     base_t, base_m = med["lax.scan"], rss["lax.scan"]
-    _table(
+    print_table(
         header,
         [
             [
@@ -309,7 +327,7 @@ def packed(args):
     header = ["solver", "way", "iterations", "max abs err", "fwd (ms)", "fwd vs packed"]
     header += ["grad (ms)", "grad vs packed", "XLA temp fwd (MiB)"]
     header += ["XLA temp grad (MiB)", "grad temp vs packed"]
-    _row(header)
+    table_row(header)
     print("|" + "---|" * len(header))
     reference = None
     for name, solver in candidates.items():
@@ -328,7 +346,7 @@ def packed(args):
         temp = {key: temp_mib(exe) for key, (exe, _) in compiled.items()}
         for way, (iters, err) in solved.items():
             f, g = med[way, "fwd"], med[way, "grad"]
-            _row(
+            table_row(
                 [
                     name,
                     way,
@@ -345,7 +363,7 @@ def packed(args):
             )
         if isinstance(solver, pscan.Newton):
             whole = pscan.recurrence(cell, xs, h0, solver=solver, throw=False)
-            _row(
+            table_row(
                 [name, "same steps, no resets", int(whole.stats["num_iterations"])]
                 + [""] * (len(header) - 3)
             )
@@ -408,7 +426,7 @@ def warmstart(args):
                 f"{warm / cold:.2f}x",
             ]
         )
-    _table(header, rows)
+    print_table(header, rows)
 
 
 def sharding(args):
@@ -438,7 +456,7 @@ def sharding(args):
         f"# sharded_linear_recurrence, T = {args.length}, d = {args.channels}, "
         f"float32, forced host devices, median of {args.repeats}"
     )
-    _table(
+    print_table(
         ["devices", "fwd (ms)", "fwd vs plain", "grad (ms)", "grad vs plain"],
         [
             [

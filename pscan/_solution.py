@@ -36,7 +36,8 @@ class Solution(eqx.Module):
         `max_residual` (the largest change of a chunk-start state in the last sweep,
         relative to the tolerance scale: `<= 1` means converged; `inf` when the states
         are not all finite) and `fell_back`
-        (whether the exact sequential fallback produced `hs`).
+        (whether the exact sequential fallback produced `hs`); a solver may add its
+        own (`pscan.ELK`: `radius`, the trust radius it ended at).
     """
 
     hs: PyTree[Array]

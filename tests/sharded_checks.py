@@ -115,7 +115,7 @@ def linear(mesh):
     _, t_ref = jax.jvp(pscan.linear_recurrence, (a, b, h0), tangents)
     close(t, t_ref, "jvp")
     # any associative combine across devices (affine maps, not commutative), checked
-    combine = lambda e, l: (l[0] * e[0], l[0] * e[1] + l[1])
+    combine = lambda e, later: (later[0] * e[0], later[0] * e[1] + later[1])
     for method, reverse in itertools.product(
         ["sequential", "associative", "chunked"], [False, True]
     ):

@@ -3,12 +3,14 @@
 from typing import ClassVar
 
 import equinox as eqx
+import jax
 import jax.lax as lax
 import jax.numpy as jnp
 
 from .._associative import SCAN_METHODS, associative_scan, auto_method
 from ._base import as_python
 from ._jacobian import STRUCTURES, DenseJacobian, DiagonalJacobian
+from ._newton import newton_starts
 from ._shooting import AbstractShootingSolver
 
 _HIGHEST = lax.Precision.HIGHEST
@@ -192,10 +194,20 @@ class ELK(AbstractShootingSolver):
 
     def init(self, chunks, starts):
         real = starts.real.dtype
-        return {"radius": jnp.asarray(self.radius, real), "unsolved": jnp.array(True)}
+        return {
+            "radius": jnp.asarray(self.radius, real),
+            "unsolved": jnp.array(True),
+            # the last evaluated starts and their chunk ends (none yet: NaN never
+            # equals the starts)
+            "at": jnp.full_like(starts, jnp.nan),
+            "ends": jnp.zeros_like(starts),
+        }
 
     def unfinished(self, state):
         return state["unsolved"]
+
+    def statistics(self, state):
+        return {"radius": state["radius"]}
 
     def step(self, chunks, starts, state):
         if starts.shape[0] == 1:  # one chunk: its start is h0, nothing to solve
@@ -203,10 +215,15 @@ class ELK(AbstractShootingSolver):
         structure = self.linearisation()
         alg = _ALGEBRA[structure]
         radius = state["radius"]
-        ends = chunks.ends(starts)
+        # the chunk ends of these starts: the last step evaluated them already,
+        # unless the loop changed what it returned (held or clipped rows)
+        ends = lax.cond(
+            jnp.all(starts == state["at"]),
+            lambda: state["ends"],
+            lambda: chunks.ends(starts),
+        )
         implied = chunks.shift(ends)  # the starts that the current ends imply
         operator = chunks.linearise(structure, starts[:-1])
-        jac = operator.coefficients()
         # the leading starts that already solve the recurrence (residual within the
         # tolerances) are kept exactly, and the first one after them becomes exact
         # (the end of an exact chunk): observed with variance 0. So the exact prefix
@@ -214,43 +231,54 @@ class ELK(AbstractShootingSolver):
         # for Newton and Picard; the trust region acts on the rest
         tolerance = lambda s: self.atol + self.rtol * jnp.abs(s)
         solved_rows = lambda s, r: jnp.all(jnp.abs(r) <= tolerance(s), axis=-1)
+        leading = lambda solved: jnp.sum(jnp.cumprod(solved, axis=-1), axis=-1)
         residual = starts - implied  # row 0 is h0 - h0
         solved = solved_rows(starts, residual)
         exact = jnp.cumprod(solved) > 0
         after_exact = ~exact & jnp.concatenate([jnp.array([True]), exact[:-1]])
         known = (exact | after_exact)[1:]
-        kept = jnp.where(after_exact[:, None], implied, starts)
-        y = kept[1:]
+        y = jnp.where(after_exact[:, None], implied, starts)[1:]
         kappa = jnp.where(known, 1.0, 1 / (1 + radius)).astype(radius.dtype)
         method = auto_method() if self.method == "auto" else self.method
-        smoothed = _smooth(alg, jac, ends, starts, y, kappa, method)
-        proposal = jnp.concatenate([chunks.h0[None], smoothed])
-        leading = lambda solved: jnp.sum(jnp.cumprod(solved))
+        smoothed = _smooth(alg, operator.coefficients(), ends, starts, y, kappa, method)
+        damped = jnp.concatenate([chunks.h0[None], smoothed])
+        # the full Newton step (the trust region's unconstrained minimiser), and the
+        # damped one, evaluated together (one sweep of twice the width)
+        newton = newton_starts(chunks, starts, ends, operator)
+        both = jnp.stack([damped, newton])
+        both_ends = jax.vmap(chunks.ends)(both)
+        both_residual = both - jax.vmap(chunks.shift)(both_ends)
+        ahead = leading(solved_rows(both, both_residual))
+        squares = jnp.sum(jnp.abs(both_residual) ** 2, axis=(1, 2))
+        squares = jnp.where(jnp.isfinite(squares), squares, jnp.inf)
+        # the step taken is the one that solves more leading chunks (the progress
+        # of Newton's kind, which on chaotic cells comes with a larger residual
+        # further on), and of two that solve as many, the smaller residual
+        take_newton = (ahead[1] > ahead[0]) | (
+            (ahead[1] == ahead[0])
+            & (jnp.isfinite(squares[1]) | ~jnp.isfinite(squares[0]))
+        )
+        # the radius, by the classical test on the damped step: the residual's
+        # actual decrease against the linear model's prediction; and it grows
+        # when the damped step solved fewer leading chunks than Newton's
         now = jnp.sum(jnp.abs(residual) ** 2)
-        # the linear model's residual at the proposal, and the true one
-        moved = operator.mv(proposal[:-1] - starts[:-1])
-        predicted = jnp.sum(jnp.abs(proposal[1:] - ends[:-1] - moved) ** 2)
-        residual_new = proposal - chunks.shift(chunks.ends(proposal))
-        after = jnp.sum(jnp.abs(residual_new) ** 2)
-        gain, expected = now - after, now - predicted
+        moved = operator.mv(damped[:-1] - starts[:-1])
+        predicted = jnp.sum(jnp.abs(damped[1:] - ends[:-1] - moved) ** 2)
+        gain, expected = now - squares[0], now - predicted
         ratio = jnp.where(expected > 0, gain / jnp.where(expected > 0, expected, 1), 0)
-        finite = jnp.isfinite(after)
-        # a step is taken when the residual fell by a fair part of what the linear
-        # model predicted (the trust-region test), or when it solved more leading
-        # steps than a rejected step would (Newton's own kind of progress, which
-        # on chaotic cells comes with a larger residual further on)
-        ahead = leading(solved_rows(proposal, residual_new)) > leading(solved) + 1
-        good = (ratio > 1e-3) | (gain >= 0) & (expected <= 0)
-        accept = finite & (good | ahead)
-        factor = jnp.where(finite & (ratio > 0.75), 4.0, 1.0)
-        factor = jnp.where(~good | (ratio < 0.25), 0.25, factor)
-        factor = jnp.where(finite & ahead, 4.0, factor)
+        factor = jnp.where(ratio > 0.75, 4.0, jnp.where(ratio < 0.25, 0.25, 1.0))
+        factor = jnp.where(ahead[1] > ahead[0], 4.0, factor)
         radius = jnp.clip(radius * factor, 1e-12, 1e12).astype(radius.dtype)
-        # a rejected step still makes one more start exact (`kept`)
-        new = jnp.where(accept | ~jnp.isfinite(now), proposal, kept)
+        new = jnp.where(take_newton, newton, damped)
+        new_ends = jnp.where(take_newton, both_ends[1], both_ends[0])
         # converged only once the residual itself is within the tolerances: a short
         # step (a small radius) is no sign of convergence
         # (rows that are not finite follow non-finite data: the loop holds them)
         finite_rows = jnp.all(jnp.isfinite(residual), axis=-1)
-        state = {"radius": radius, "unsolved": ~jnp.all(solved | ~finite_rows)}
+        state = {
+            "radius": radius,
+            "unsolved": ~jnp.all(solved | ~finite_rows),
+            "at": new,
+            "ends": new_ends,
+        }
         return new, state

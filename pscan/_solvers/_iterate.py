@@ -147,7 +147,7 @@ def shooting_forward(solver, problem: Problem) -> tuple[Array, RESULTS, dict[str
         lambda x: lax.stop_gradient(x) if eqx.is_array(x) else x, problem
     )
     chunks = Chunks(frozen, solver.chunk_size, solver.axis_name)
-    (starts, _, held), iters, change = _iterate(solver, chunks)
+    (starts, state, held), iters, change = _iterate(solver, chunks)
     axis = solver.axis_name
     finite = everywhere(jnp.any(held).astype(jnp.int32), axis, lax.pmax) == 0
     converged = change <= 1
@@ -163,4 +163,5 @@ def shooting_forward(solver, problem: Problem) -> tuple[Array, RESULTS, dict[str
     change = jnp.where(finite, change, jnp.inf)
     fell_back = ~converged if solver.fallback == "sequential" else jnp.array(False)
     stats = {"num_iterations": iters, "max_residual": change, "fell_back": fell_back}
+    stats.update(solver.statistics(state))
     return starts, result, stats

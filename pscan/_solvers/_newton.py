@@ -78,26 +78,35 @@ class Newton(AbstractShootingSolver):
         # chunk of a device feeds the next device)
         sharded = chunks.axis_name is not None
         lin_starts = starts if sharded else starts[:-1]
-        lin_ends = ends if sharded else ends[:-1]
         jac = chunks.linearise(self.linearisation(), lin_starts)
-        jac = jac.scale(1 - self.damping)
-        # A chunk with a non-finite end or Jacobian (after a non-finite input) must not
-        # spread NaN through the linear solve to every later chunk: its start is
-        # taken as it is (a zero Jacobian, the next start as its end), and its end
-        # is marked non-finite again afterwards for the loop to hold
-        end_ok = jnp.all(jnp.isfinite(lin_ends), axis=-1)
-        ok = end_ok & jac.finite()
-        jac = jac.rows(ok)
-        following = chunks.following(starts) if sharded else starts[1:]
-        b = jnp.where(
-            ok[:, None],
-            lin_ends - jac.mv(lin_starts),
-            jnp.where(end_ok[:, None], lin_ends, following),
-        )
-        after = linear_recurrence(
-            jac.coefficients(), b, chunks.h0, axis_name=chunks.axis_name
-        )
-        after = jnp.where(end_ok[:, None], after, jnp.nan)
-        if sharded:
-            return chunks.shift(after), state
-        return jnp.concatenate([chunks.h0[None], after]), state
+        return newton_starts(chunks, starts, ends, jac.scale(1 - self.damping)), state
+
+
+def newton_starts(chunks, starts, ends, jac):
+    """The Newton step on the chunk starts: the solution of the linear recurrence
+    `s_new[k+1] = ends[k] + J_k (s_new[k] - starts[k])`, `s_new[0] = h0`, with `jac`
+    the Jacobians of every chunk but the last (of every chunk, across devices).
+
+    A chunk with a non-finite end or Jacobian (after a non-finite input) must not
+    spread NaN through the linear solve to every later chunk: its start is taken as
+    it is (a zero Jacobian, the next start as its end), and its end is marked
+    non-finite again afterwards for the loop to hold."""
+    sharded = chunks.axis_name is not None
+    lin_starts = starts if sharded else starts[:-1]
+    lin_ends = ends if sharded else ends[:-1]
+    end_ok = jnp.all(jnp.isfinite(lin_ends), axis=-1)
+    ok = end_ok & jac.finite()
+    jac = jac.rows(ok)
+    following = chunks.following(starts) if sharded else starts[1:]
+    b = jnp.where(
+        ok[:, None],
+        lin_ends - jac.mv(lin_starts),
+        jnp.where(end_ok[:, None], lin_ends, following),
+    )
+    after = linear_recurrence(
+        jac.coefficients(), b, chunks.h0, axis_name=chunks.axis_name
+    )
+    after = jnp.where(end_ok[:, None], after, jnp.nan)
+    if sharded:
+        return chunks.shift(after)
+    return jnp.concatenate([chunks.h0[None], after])

@@ -109,6 +109,16 @@ class AbstractShootingSolver(AbstractSolver):
         """
         return jnp.array(False)
 
+    def statistics(self, state: PyTree) -> dict[str, Array]:
+        """What the final solver state adds to `pscan.Solution.stats` (default:
+        nothing; `pscan.ELK` reports its trust radius).
+
+        **Returns:**
+
+        A dict of arrays, its keys other than those every solver reports.
+        """
+        return {}
+
     def linearisation(self) -> type[AbstractJacobian] | None:
         """The Jacobian structure that the implicit gradient builds and uses.
 

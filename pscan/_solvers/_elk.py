@@ -135,19 +135,26 @@ class ELK(AbstractShootingSolver):
     linear-Gaussian model (dynamics `J_k`, observations the current starts with
     variance `radius`), by a parallel Kalman filter and smoother. `radius -> inf` is
     Newton (DEER at `chunk_size=1`); `jacobian="diagonal"` is quasi-ELK (memory
-    `O(K d)`). The step is kept if the residual `sum_k |s[k+1] - F_k(s[k])|^2` fell
-    by at least a thousandth of what the linear model predicted; the radius then
-    grows 4x when the prediction was good (ratio above 0.75) and shrinks 4x when it
-    was poor (below 0.25, or rejected). `chunk_size > 1` puts the trust region on the
-    chunk starts, with exact sequential runs inside chunks. The gradient is implicit
-    and exact (the fixed point is the sequential answer).
+    `O(K d)`). Each iteration evaluates two candidates in one sweep: this damped
+    step and Newton's full step (the trust region's unconstrained minimiser), and
+    takes the one that solves more leading chunks within the tolerances (Newton's on
+    a tie). The radius follows the classical test on the damped step (4x larger
+    when the residual `sum_k |s[k+1] - F_k(s[k])|^2` fell by more than 0.75 of what
+    the linear model predicted, 4x smaller below 0.25) and grows 4x when Newton's
+    step got further; `stats["radius"]` is the one it ended at. `chunk_size > 1`
+    puts the trust region on the chunk starts, with exact sequential runs inside
+    chunks. The gradient is implicit and exact (the fixed point is the sequential
+    answer).
+
+    Each iteration costs about twice a Newton iteration (two candidate sweeps, a
+    Kalman filter and smoother as well as Newton's linear solve).
 
     **Arguments:**
 
     - `chunk_size`: steps per chunk (`1`: every step is an unknown, as in DEER).
     - `jacobian`: `"dense"` or `"diagonal"`.
     - `radius`: the first trust radius (`sigma^2`, the observations' variance).
-    - `max_iters`: the most steps (rejected ones count).
+    - `max_iters`: the most steps.
     - `rtol`, `atol`: converged when every chunk start solves the recurrence within
         `atol + rtol * |s|` (its residual `s[k] - F_{k-1}(s[k-1])`) and the last step
         changed none by more.

@@ -56,6 +56,14 @@ def test_any_radius_is_exact_and_adapts():
         assert its <= int(newton.stats["num_iterations"]) + 1
         if radius < 1:
             assert float(sol.stats["radius"]) > radius
+    # quasi-ELK keeps its radius (its model does not predict the residual), unless
+    # asked to adapt; either way the answer is exact
+    for adapt in (None, True):
+        solver = pscan.ELK(jacobian="diagonal", radius=1e-3, adapt=adapt, **TIGHT)
+        sol = pscan.recurrence(cell, xs, h0, solver=solver)
+        assert_allclose(sol.hs, ref)
+        kept = float(sol.stats["radius"]) == pytest.approx(1e-3)
+        assert kept == (adapt is None)
     resets = jnp.arange(37) % 10 == 0
     sol = pscan.recurrence(cell, xs, h0, solver=SOLVERS["elk"], resets=resets)
     parts = [scan_cell(cell, xs[s : s + 10], h0) for s in range(0, 37, 10)]
@@ -86,8 +94,10 @@ def test_nonfinite_input_is_the_loops_answer():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="`jacobian` must be 'dense' or 'diagonal'"):
         pscan.ELK(jacobian="full")
-    with pytest.raises(ValueError, match="`radius` must be a positive number"):
+    with pytest.raises(ValueError, match="`radius` must be None or a positive number"):
         pscan.ELK(radius=0.0)
+    with pytest.raises(ValueError, match="`adapt` must be None, True or False"):
+        pscan.ELK(adapt="yes")
     with pytest.raises(ValueError, match="`axis_name` is not supported"):
         pscan.ELK(axis_name="time")
 

@@ -98,10 +98,15 @@ def linear(args):
     print_table(header, rows)
 
 
+def _without(candidates, skip):
+    """`candidates` less those whose name contains a fragment of the comma-separated
+    `skip`."""
+    fragments = [s for s in skip.split(",") if s]
+    return {n: c for n, c in candidates.items() if not any(f in n for f in fragments)}
+
+
 def solvers(args):
-    candidates = gru_solvers(chunk=args.chunk, tol=args.tol)
-    skip = [s for s in args.skip.split(",") if s]
-    candidates = {n: s for n, s in candidates.items() if not any(k in n for k in skip)}
+    candidates = _without(gru_solvers(chunk=args.chunk, tol=args.tol), args.skip)
     cell, xs, h0 = gru_problem(args.length, args.hidden)
     reference = jax.jit(solver_programs(candidates["Sequential"], h0)["fwd"])(cell, xs)
     programs, iterations = {}, {}
@@ -193,7 +198,7 @@ def chaos(args):
     """Iterations to converge on chaotic autoregressive GRUs (float32), and on a milder
     one, every solver stopping when no state moved by more than `atol` (pscan:
     `rtol=0`); wall time of one compiled solve; ELK's final trust radius."""
-    solvers = chaos_solvers(args.length, args.atol)
+    solvers = _without(chaos_solvers(args.length, args.atol), args.skip)
     print(f"# T = {args.length}, float32, atol {args.atol}, jax {jax.__version__}")
     header = ["cell (d, gain, readout gain)", "solver", "converged", "iterations"]
     header += ["max residual |h[t] - cell(x[t], h[t-1])|", "wall time (s)"]
@@ -527,6 +532,7 @@ def main():
     p = sub.add_parser("chaos", help="iterations on chaotic AR-GRUs vs reference DEER")
     p.add_argument("--length", type=int, default=2000)
     p.add_argument("--atol", type=float, default=1e-5)
+    p.add_argument("--skip", default="", help="comma-separated name fragments")
     p = sub.add_parser("gradmem", help="gradient memory of the solvers vs lax.scan")
     p.add_argument("--sizes", default="16384x128,524288x32", help="TxD,TxD,...")
     p.add_argument("--chunk", type=int, default=128)

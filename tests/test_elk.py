@@ -116,3 +116,27 @@ def test_kalman_scan_methods_agree():
     assert len(iterations) == 1
     with pytest.raises(ValueError, match="`method` must be one of"):
         pscan.ELK(method="parallel")
+
+
+def test_exact_prefix_survives_starts_at_the_bound():
+    """A strongly chaotic autoregressive GRU in float32 (the benchmarks' first cell):
+    the later chunk starts run to the float bound, and the rows observed exactly must
+    stay exact, or the prefix stops growing; `ceil(T / chunk_size)` steps suffice."""
+    k1, k2 = jax.random.split(jax.random.PRNGKey(0))
+    gru = eqx.nn.GRUCell(1, 8, key=k1, dtype=jnp.float32)
+    gru = eqx.tree_at(lambda g: g.weight_hh, gru, 10.0 * gru.weight_hh)
+    readout = 3.0 / 8**0.5 * jax.random.normal(k2, (8,), jnp.float32)
+
+    def cell(x, h):
+        return gru(jnp.reshape(readout @ h + x, (1,)), h)
+
+    length, chunk = 5000, 16
+    xs = 0.01 * jax.random.normal(jax.random.PRNGKey(9), (length, 1), jnp.float32)
+    h0 = jnp.zeros(8, jnp.float32)
+    chunks = -(-length // chunk)
+    solver = pscan.ELK(chunk_size=chunk, rtol=0.0, atol=1e-5, max_iters=chunks + 1)
+    sol = pscan.recurrence(cell, xs, h0, solver=solver, throw=False)
+    assert sol.result == pscan.RESULTS.successful
+    assert int(sol.stats["num_iterations"]) <= chunks + 1
+    prev = jnp.concatenate([h0[None], sol.hs[:-1]])
+    assert float(jnp.max(jnp.abs(sol.hs - jax.vmap(cell)(xs, prev)))) < 1e-4

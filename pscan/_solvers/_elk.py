@@ -272,6 +272,10 @@ class ELK(AbstractShootingSolver):
         kappa = jnp.where(known, 1.0, 1 / (1 + radius)).astype(radius.dtype)
         method = auto_method() if self.method == "auto" else self.method
         smoothed = _smooth(alg, operator.coefficients(), ends, starts, y, kappa, method)
+        # the rows observed exactly are their observations, bit for bit: in floating
+        # point the smoother's gain at a known row is not exactly zero, and times a
+        # later row held at the bound (chaotic cells) it would undo the exact prefix
+        smoothed = jnp.where(known[:, None], y, smoothed)
         damped = jnp.concatenate([chunks.h0[None], smoothed])
         # the full Newton step (the trust region's unconstrained minimiser), and the
         # damped one, evaluated together (one sweep of twice the width)

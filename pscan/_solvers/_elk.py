@@ -220,6 +220,10 @@ class ELK(AbstractShootingSolver):
         # diagonal one is not, so neither its ratio test nor its full step is trusted
         return self.jacobian == "dense"
 
+    @property
+    def _adapts(self):
+        return self._exact_model if self.adapt is None else self.adapt
+
     def init(self, chunks, starts):
         real = starts.real.dtype
         radius = self.radius
@@ -299,7 +303,7 @@ class ELK(AbstractShootingSolver):
         # the radius, by the classical test on the damped step: the residual's
         # actual decrease against the linear model's prediction; and it grows
         # when the damped step solved fewer leading chunks than Newton's
-        if self._exact_model if self.adapt is None else self.adapt:
+        if self._adapts:
             now = jnp.sum(jnp.abs(residual) ** 2)
             moved = operator.mv(damped[:-1] - starts[:-1])
             predicted = jnp.sum(jnp.abs(damped[1:] - ends[:-1] - moved) ** 2)

@@ -197,12 +197,13 @@ def deer(args):
 def chaos(args):
     """Iterations to converge on chaotic autoregressive GRUs (float32), and on a milder
     one, every solver stopping when no state moved by more than `atol` (pscan:
-    `rtol=0`); wall time of one compiled solve; ELK's final trust radius."""
+    `rtol=0`); wall time of one compiled solve; ELK's final trust radius; in how many
+    iterations an iterate ran away to the float bound (pscan's solvers)."""
     solvers = _without(chaos_solvers(args.length, args.atol), args.skip)
     print(f"# T = {args.length}, float32, atol {args.atol}, jax {jax.__version__}")
     header = ["cell (d, gain, readout gain)", "solver", "converged", "iterations"]
     header += ["max residual |h[t] - cell(x[t], h[t-1])|", "wall time (s)"]
-    header += ["final radius"]
+    header += ["final radius", "iterations at the float bound"]
     print_table(header, [])
     for config in [*AR_GRU_CONFIGS, MILD_AR_GRU_CONFIG]:
         _chaos_rows(args, solvers, config)
@@ -224,7 +225,8 @@ def _chaos_rows(args, solvers, config):
     (hs, it), seconds = _timed(jax.jit(run), cell, xs)
     converged = int(it) <= args.length
     label = "reference DEER (seq1d)"
-    table_row([name, label, converged, int(it), residual(hs), f"{seconds:.2f}", ""])
+    row = [name, label, converged, int(it), residual(hs), f"{seconds:.2f}", "", ""]
+    table_row(row)
     for label, solver in solvers.items():
         solve = eqx.filter_jit(
             lambda c, xs, s=solver: pscan.recurrence(c, xs, h0, solver=s, throw=False)
@@ -234,7 +236,8 @@ def _chaos_rows(args, solvers, config):
         radius = sol.stats.get("radius")
         radius = "" if radius is None else f"{float(radius):.0e}"
         iters = int(sol.stats["num_iterations"])
-        table_row([name, label, ok, iters, residual(sol.hs), f"{seconds:.2f}", radius])
+        row = [name, label, ok, iters, residual(sol.hs), f"{seconds:.2f}", radius]
+        table_row([*row, int(sol.stats["num_at_bound"])])
 
 
 def gradmem(args):

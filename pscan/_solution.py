@@ -35,9 +35,10 @@ class Solution(eqx.Module):
     - `stats`: a dict with `num_iterations` (parallel sweeps; `0` for `Sequential`),
         `max_residual` (the largest change of a chunk-start state in the last sweep,
         relative to the tolerance scale: `<= 1` means converged; `inf` when the states
-        are not all finite) and `fell_back`
-        (whether the exact sequential fallback produced `hs`); a solver may add its
-        own (`pscan.ELK`: `radius`, the trust radius it ended at).
+        are not all finite), `fell_back` (whether the exact sequential fallback
+        produced `hs`) and `num_at_bound` (in how many sweeps an iterate ran away and
+        was held at +-sqrt(largest float), as Newton's do on chaotic cells); a solver
+        may add its own (`pscan.ELK`: `radius`, the trust radius it ended at).
     """
 
     hs: PyTree[Array]

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 import pscan
+from pscan._solvers import _elk
 
 from .helpers import assert_allclose, assert_exact_derivatives, scan_cell
 
@@ -17,6 +18,7 @@ SOLVERS = {
     "quasi-elk": pscan.ELK(jacobian="diagonal", **TIGHT),
     "elk-chunked": pscan.ELK(chunk_size=5, **TIGHT),
     "quasi-elk-chunked": pscan.ELK(chunk_size=4, jacobian="diagonal", **TIGHT),
+    "elk-smoother": pscan.ELK(kalman="smoother", **TIGHT),
 }
 
 
@@ -98,6 +100,10 @@ def test_bad_arguments():
         pscan.ELK(radius=0.0)
     with pytest.raises(ValueError, match="`adapt` must be None, True or False"):
         pscan.ELK(adapt="yes")
+    with pytest.raises(
+        ValueError, match="`kalman` must be None, 'filter' or 'smoother'"
+    ):
+        pscan.ELK(kalman="rts")
     with pytest.raises(ValueError, match="`axis_name` is not supported"):
         pscan.ELK(axis_name="time")
 
@@ -120,8 +126,9 @@ def test_kalman_scan_methods_agree():
 
 def test_exact_prefix_survives_starts_at_the_bound():
     """A strongly chaotic autoregressive GRU in float32 (the benchmarks' first cell):
-    the later chunk starts run to the float bound, and the rows observed exactly must
-    stay exact, or the prefix stops growing; `ceil(T / chunk_size)` steps suffice."""
+    Newton's later chunk starts run to the float bound, ELK's never do (the damped
+    step holds them); the rows observed exactly must stay exact, or the prefix stops
+    growing; `ceil(T / chunk_size)` steps suffice."""
     k1, k2 = jax.random.split(jax.random.PRNGKey(0))
     gru = eqx.nn.GRUCell(1, 8, key=k1, dtype=jnp.float32)
     gru = eqx.tree_at(lambda g: g.weight_hh, gru, 10.0 * gru.weight_hh)
@@ -138,5 +145,52 @@ def test_exact_prefix_survives_starts_at_the_bound():
     sol = pscan.recurrence(cell, xs, h0, solver=solver, throw=False)
     assert sol.result == pscan.RESULTS.successful
     assert int(sol.stats["num_iterations"]) <= chunks + 1
+    assert int(sol.stats["num_at_bound"]) == 0
+    newton = pscan.Newton(chunk_size=chunk, rtol=0.0, atol=1e-5, max_iters=chunks + 1)
+    runaway = pscan.recurrence(cell, xs, h0, solver=newton, throw=False)
+    assert int(runaway.stats["num_at_bound"]) > 0
     prev = jnp.concatenate([h0[None], sol.hs[:-1]])
     assert float(jnp.max(jnp.abs(sol.hs - jax.vmap(cell)(xs, prev)))) < 1e-4
+
+
+@pytest.mark.parametrize("structure", ["dense", "diagonal"])
+def test_kalman_steps_are_least_squares_minimisers(structure):
+    """The damped steps against a direct least-squares solve (float64): the smoother's
+    is the minimiser over all rows, the filter's row `k` the last row of the minimiser
+    over rows `1..k` (the linearised residuals up to `k` and the distances to the
+    observations, `1 / sigma^2` each)."""
+    K, d = 7, 3
+    keys = jax.random.split(jax.random.PRNGKey(3), 5)
+    shape = (K - 1, d) if structure == "diagonal" else (K - 1, d, d)
+    jac = jax.random.normal(keys[0], shape, jnp.float64)
+    starts, ends = (jax.random.normal(k, (K, d), jnp.float64) for k in keys[1:3])
+    y = jax.random.normal(keys[3], (K - 1, d), jnp.float64)
+    sigma2 = jax.random.uniform(keys[4], (K - 1,), jnp.float64, 0.1, 10.0)
+    kind = pscan.DiagonalJacobian if structure == "diagonal" else pscan.DenseJacobian
+    alg = _elk._ALGEBRA[kind]
+    step = lambda smooth: _elk._kalman(
+        alg, jac, ends, starts, y, 1 / (1 + sigma2), "sequential", smooth
+    )
+    mats = jax.vmap(jnp.diag)(jac) if structure == "diagonal" else jac
+
+    def minimiser(n):  # over x_1..x_n
+        rows, rhs = [], []
+
+        def block(k, m):  # m at the columns of x_k
+            return jnp.zeros((d, n * d)).at[:, (k - 1) * d : k * d].set(m)
+
+        rows.append(block(1, jnp.eye(d)))
+        rhs.append(ends[0])
+        for k in range(1, n):
+            rows.append(block(k + 1, jnp.eye(d)) - block(k, mats[k]))
+            rhs.append(ends[k] - mats[k] @ starts[k])
+        for k in range(1, n + 1):
+            w = sigma2[k - 1] ** -0.5
+            rows.append(block(k, w * jnp.eye(d)))
+            rhs.append(w * y[k - 1])
+        a, b = jnp.concatenate(rows), jnp.concatenate(rhs)
+        return jnp.linalg.lstsq(a, b)[0].reshape(n, d)
+
+    assert_allclose(step(True), minimiser(K - 1))
+    filtered = jnp.stack([minimiser(n)[-1] for n in range(1, K)])
+    assert_allclose(step(False), filtered)

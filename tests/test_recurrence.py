@@ -62,7 +62,12 @@ def test_matches_sequential(solver, cell_name):
     for x, y in zip(jax.tree_util.tree_leaves(sol.hs), jax.tree_util.tree_leaves(ref)):
         assert x.shape == y.shape and x.dtype == y.dtype
         np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-10)
-    assert set(sol.stats) == {"num_iterations", "max_residual", "fell_back"}
+    assert set(sol.stats) == {
+        "num_iterations",
+        "max_residual",
+        "fell_back",
+        "num_at_bound",
+    }
 
 
 @pytest.mark.parametrize("solver", SOLVERS.values(), ids=SOLVERS.keys())
@@ -377,6 +382,7 @@ def test_iterates_beyond_the_bound_never_converge():
         )
         assert sol.result == pscan.RESULTS.max_iters_reached
         assert sol.stats["max_residual"] == jnp.inf
+        assert int(sol.stats["num_at_bound"]) == 8  # every sweep held a start there
         fallback = make(chunk_size=4, max_iters=8, fallback="sequential")
         sol = pscan.recurrence(Huge(), xs, h0, solver=fallback)
         assert sol.stats["fell_back"] and jnp.array_equal(sol.hs, exact)

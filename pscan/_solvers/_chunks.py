@@ -61,6 +61,17 @@ class Chunks(eqx.Module):
         """
         return jax.vmap(self.end)(starts, self.xs)
 
+    def first_steps(self, starts: Array) -> Array:
+        """Every chunk's first step from its start, in parallel.
+
+        **Returns:**
+
+        The state after each chunk's first step, `(K, d)` (the chunk ends when
+        `chunk_size=1`).
+        """
+        first = jax.tree_util.tree_map(lambda x: x[:, :1], self.xs)
+        return jax.vmap(self.end)(starts, first)
+
     def shift(self, ends: Array) -> Array:
         """The chunk starts that chunk ends imply (across devices with `axis_name`).
 

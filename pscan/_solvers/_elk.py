@@ -1,4 +1,5 @@
-"""ELK: Newton with a Levenberg-Marquardt trust region, its step a Kalman smoother."""
+"""ELK: Newton with a Levenberg-Marquardt trust region, its step a Kalman filter or
+smoother."""
 
 from typing import ClassVar
 
@@ -59,10 +60,12 @@ class _Diagonal:
 _ALGEBRA = {DenseJacobian: _Dense, DiagonalJacobian: _Diagonal}
 
 
-def _smooth(alg, jac, ends, starts, y, kappa, method):
+def _kalman(alg, jac, ends, starts, y, kappa, method, smooth):
     """The Levenberg-Marquardt step as the posterior mean of a linear-Gaussian
-    state-space model, by a parallel Kalman filter and Rauch-Tung-Striebel smoother
-    (Särkkä and García-Fernández 2021).
+    state-space model, by a parallel Kalman filter and (`smooth=True`)
+    Rauch-Tung-Striebel smoother (Särkkä and García-Fernández 2021). Without the
+    smoother, row `k` is the filter's mean: the trust-region step of the rows up to
+    `k` alone, blind to the rows after it (as Newton's step is).
 
     Unknowns `x_1..x_n` (the chunk starts after `h0`, `n = K - 1`): dynamics
     `x_{k+1} = J_k x_k + c_k + w_k`, `w_k ~ N(0, I)`, `c_k = F_k(s_k) - J_k s_k`;
@@ -103,7 +106,7 @@ def _smooth(alg, jac, ends, starts, y, kappa, method):
         return a12, b12, c12, eta12, j12
 
     _, means, covs, _, _ = associative_scan(combine, (a, b, c, eta, jj), method=method)
-    if n == 1:
+    if n == 1 or not smooth:
         return means
     # smoothing elements (E, g) for k = 1..n-1, then (0, m_n)
     m_k, p_k = means[:-1], covs[:-1]
@@ -125,35 +128,50 @@ def _smooth(alg, jac, ends, starts, y, kappa, method):
     return smoothed
 
 
+# the candidates are compared on how many leading chunk starts solve the recurrence
+# within 1, 10, ..., 10^8 times the tolerances (one front per decade)
+_DECADES = 9
+
+
+def _leading(solved):
+    """The number of leading `True`s along the last axis."""
+    return jnp.sum(jnp.cumprod(solved, axis=-1), axis=-1)
+
+
 class ELK(AbstractShootingSolver):
     """ELK: Newton on the chunk starts with a Levenberg-Marquardt trust region whose
-    damped step is solved exactly, in parallel, as a Kalman smoother (Gonzalez et al.,
-    NeurIPS 2024), with a trust radius that adapts from step to step.
+    damped step is solved exactly, in parallel, by a Kalman filter or smoother
+    (Gonzalez et al., NeurIPS 2024), with a trust radius that adapts from step to step.
 
-    A step minimises the linearised residual `sum_k |s[k+1] - F_k(s_k) - J_k (s_new[k]
-    - s_k)|^2` plus `(1 / radius) sum_k |s_new[k] - s_k|^2`: the posterior mean of a
-    linear-Gaussian model (dynamics `J_k`, observations the current starts with
-    variance `radius`), by a parallel Kalman filter and smoother. `radius -> inf` is
-    Newton (DEER at `chunk_size=1`); `jacobian="diagonal"` is quasi-ELK (memory
-    `O(K d)`). Each iteration evaluates two candidates in one sweep: this damped
-    step and Newton's full step (the trust region's unconstrained minimiser), and
-    takes the one that solves more leading chunks within the tolerances. With the
-    dense Jacobian (the residual's exact linear model), Newton's step wins a tie and
-    the radius follows the classical test on the damped step (4x larger when the
-    residual `sum_k |s[k+1] - F_k(s[k])|^2` fell by more than 0.75 of what the
-    linear model predicted, 4x smaller below 0.25, 4x larger when Newton's step got
-    further). With the diagonal one (quasi-ELK) the model does not predict the
-    residual, so the damped step wins a tie and the radius stays where it started,
-    as in the ELK paper (on the tables' milder AR-GRU, quasi-ELK at radius 10 needs
-    286 iterations against quasi-DEER's 1971; at 3, 30, 100: 431, 624, 1400).
-    `stats["radius"]` is the radius it ended at. `chunk_size > 1` puts the trust
-    region on the chunk starts, with exact sequential runs inside chunks. The
-    gradient is implicit and exact (the fixed point is the sequential answer).
+    The damped step minimises the linearised residual `sum_k |s[k+1] - F_k(s_k) -
+    J_k (s_new[k] - s_k)|^2` plus `(1 / radius) sum_k |s_new[k] - s_k|^2`: the
+    posterior mean of a linear-Gaussian model (dynamics `J_k`, observations the
+    current starts with variance `radius`). The smoother gives that minimiser over the
+    whole sequence (the ELK paper's step); the filter gives each row the minimiser of
+    the rows up to it, blind to the rows after it as Newton's step is, so that the
+    runaway rows far ahead of the converged prefix (chaotic cells) do not pull the
+    rows near it back. `radius -> inf` is Newton (DEER at `chunk_size=1`);
+    `jacobian="diagonal"` is quasi-ELK (memory `O(K d)`).
+
+    Each iteration evaluates two candidates in one sweep, the damped step and Newton's
+    full step, and takes the one whose chunk starts solve the recurrence further: the
+    more leading starts within the tolerances, then within 10x, 100x, ... 10^8x them
+    (a residual's sum of squares, dominated by the rows that ran away, is no measure of
+    progress here), then the smaller sum of squares. Past the front of a Newton step
+    that wins (its last start within 10^8x the tolerances), the starts are the damped
+    step's, which never run away. With the dense Jacobian the radius grows 4x when
+    Newton's step wins and shrinks 4x when the damped one solves strictly further;
+    with the diagonal one (whose damped step stays useful far from Newton's) it stays
+    where it started, as in the ELK paper. `stats["radius"]` is where it ended.
+
+    On the tables' AR-GRUs (`python asv_bench/tables.py chaos`, T = 2000, float32)
+    ELK needs 8 iterations where DEER needs 249 on a milder cell, and about as many
+    as DEER (1443 vs 1495, 564 vs 576) on two strongly chaotic ones; quasi-ELK 208 and
+    1371 where quasi-DEER needs 1971 and 1965. The gradient is implicit and exact
+    (the fixed point is the sequential answer).
 
     An iteration costs more than Newton's: two candidate sweeps, and a Kalman filter
-    and smoother besides Newton's linear solve. On CPU (AR-GRU, d = 8-16, T = 2000)
-    about 2x with the diagonal Jacobian or 16-step chunks, 12-22x at
-    `chunk_size=1` with the dense one (`d x d` solves in every combine).
+    besides Newton's linear solve (with `d x d` solves in every combine when dense).
 
     **Arguments:**
 
@@ -162,6 +180,9 @@ class ELK(AbstractShootingSolver):
     - `radius`: the first trust radius (`sigma^2`, the observations' variance);
         None: `1e4` with the dense Jacobian, `10` with the diagonal one.
     - `adapt`: whether the radius adapts; None: with the dense Jacobian only.
+    - `kalman`: the damped step, `"filter"` or `"smoother"`; None: the filter at
+        `chunk_size=1`, the smoother for longer chunks (which measured better there:
+        6 against 56 iterations on the milder cell at `chunk_size=16`).
     - `max_iters`: the most steps.
     - `rtol`, `atol`: converged when every chunk start solves the recurrence within
         `atol + rtol * |s|` (its residual `s[k] - F_{k-1}(s[k-1])`) and the last step
@@ -179,6 +200,7 @@ class ELK(AbstractShootingSolver):
     jacobian: str = eqx.field(static=True, default="dense")
     radius: float | None = eqx.field(static=True, default=None, converter=as_python)
     adapt: bool | None = eqx.field(static=True, default=None)
+    kalman: str | None = eqx.field(static=True, default=None)
     max_iters: int = eqx.field(static=True, default=100, converter=as_python)
     rtol: float = eqx.field(static=True, default=1e-6, converter=as_python)
     atol: float = eqx.field(static=True, default=1e-6, converter=as_python)
@@ -203,6 +225,11 @@ class ELK(AbstractShootingSolver):
             raise ValueError(
                 f"pscan.ELK: `adapt` must be None, True or False, got {self.adapt!r}"
             )
+        if self.kalman not in (None, "filter", "smoother"):
+            raise ValueError(
+                "pscan.ELK: `kalman` must be None, 'filter' or 'smoother', got "
+                f"{self.kalman!r}"
+            )
         if self.method not in ("auto", *SCAN_METHODS):
             raise ValueError(
                 f"pscan.ELK: `method` must be one of {('auto', *SCAN_METHODS)}, got "
@@ -215,20 +242,22 @@ class ELK(AbstractShootingSolver):
         return STRUCTURES[self.jacobian]
 
     @property
-    def _exact_model(self):
-        # the dense linearisation is the residual's exact first-order model; the
-        # diagonal one is not, so neither its ratio test nor its full step is trusted
-        return self.jacobian == "dense"
+    def _adapts(self):
+        # the dense linearisation predicts Newton's step; the diagonal one's damped
+        # step is the useful one far from it (quasi-ELK at a fixed radius)
+        return self.jacobian == "dense" if self.adapt is None else self.adapt
 
     @property
-    def _adapts(self):
-        return self._exact_model if self.adapt is None else self.adapt
+    def _smoother(self):
+        if self.kalman is None:
+            return self.chunk_size > 1
+        return self.kalman == "smoother"
 
     def init(self, chunks, starts):
         real = starts.real.dtype
         radius = self.radius
         if radius is None:
-            radius = 1e4 if self._exact_model else 10.0
+            radius = 1e4 if self.jacobian == "dense" else 10.0
         return {
             "radius": jnp.asarray(radius, real),
             "unsolved": jnp.array(True),
@@ -243,6 +272,12 @@ class ELK(AbstractShootingSolver):
 
     def statistics(self, state):
         return {"radius": state["radius"]}
+
+    def _within(self, starts, residual, factor=1.0):
+        """Per chunk start: whether its residual is within `factor` times the
+        tolerances."""
+        scale = factor * (self.atol + self.rtol * jnp.abs(starts))
+        return jnp.all(jnp.abs(residual) <= scale, axis=-1)
 
     def step(self, chunks, starts, state):
         if starts.shape[0] == 1:  # one chunk: its start is h0, nothing to solve
@@ -259,69 +294,80 @@ class ELK(AbstractShootingSolver):
         )
         implied = chunks.shift(ends)  # the starts that the current ends imply
         operator = chunks.linearise(structure, starts[:-1])
-        # the leading starts that already solve the recurrence (residual within the
-        # tolerances) are kept exactly, and the first one after them becomes exact
-        # (the end of an exact chunk): observed with variance 0. So the exact prefix
-        # only grows, and `ceil(T / chunk_size)` steps always reach the answer, as
-        # for Newton and Picard; the trust region acts on the rest
-        tolerance = lambda s: self.atol + self.rtol * jnp.abs(s)
-        solved_rows = lambda s, r: jnp.all(jnp.abs(r) <= tolerance(s), axis=-1)
-        leading = lambda solved: jnp.sum(jnp.cumprod(solved, axis=-1), axis=-1)
+        # the leading starts that already solve the recurrence within the tolerances
+        # (their own residual, and that of the states they give: the first step of
+        # their chunk from them against from the previous chunk's end, which a step
+        # of the cell can amplify) are kept exactly, and the first one after them
+        # becomes exact (the end of an exact chunk): observed with variance 0. So the
+        # exact prefix only grows, and `ceil(T / chunk_size)` steps always reach the
+        # answer, as for Newton and Picard; the trust region acts on the rest
         residual = starts - implied  # row 0 is h0 - h0
-        solved = solved_rows(starts, residual)
+        firsts = ends if self.chunk_size == 1 else chunks.first_steps(starts)
+        states_residual = firsts - chunks.first_steps(implied)
+        solved = self._within(starts, residual) & self._within(firsts, states_residual)
         exact = jnp.cumprod(solved) > 0
         after_exact = ~exact & jnp.concatenate([jnp.array([True]), exact[:-1]])
         known = (exact | after_exact)[1:]
         y = jnp.where(after_exact[:, None], implied, starts)[1:]
         kappa = jnp.where(known, 1.0, 1 / (1 + radius)).astype(radius.dtype)
         method = auto_method() if self.method == "auto" else self.method
-        smoothed = _smooth(alg, operator.coefficients(), ends, starts, y, kappa, method)
+        coefficients = operator.coefficients()
+        steps = _kalman(
+            alg, coefficients, ends, starts, y, kappa, method, self._smoother
+        )
         # the rows observed exactly are their observations, bit for bit: in floating
-        # point the smoother's gain at a known row is not exactly zero, and times a
-        # later row held at the bound (chaotic cells) it would undo the exact prefix
-        smoothed = jnp.where(known[:, None], y, smoothed)
-        damped = jnp.concatenate([chunks.h0[None], smoothed])
+        # point the gain at a known row is not exactly zero, and times a later row
+        # held at the bound (chaotic cells) it would undo the exact prefix
+        steps = jnp.where(known[:, None], y, steps)
+        damped = jnp.concatenate([chunks.h0[None], steps])
         # the full Newton step (the trust region's unconstrained minimiser), and the
         # damped one, evaluated together (one sweep of twice the width)
         newton = newton_starts(chunks, starts, ends, operator)
         both = jnp.stack([damped, newton])
         both_ends = jax.vmap(chunks.ends)(both)
         both_residual = both - jax.vmap(chunks.shift)(both_ends)
-        ahead = leading(solved_rows(both, both_residual))
+        fronts = jnp.stack(
+            [
+                _leading(self._within(both, both_residual, 10.0**j))
+                for j in range(_DECADES)
+            ],
+            axis=-1,
+        )  # (2, decades)
+        # +1: Newton's step solves further (at the tightest decade where they
+        # differ), -1: the damped one does, 0: the same fronts
+        differ = fronts[1] != fronts[0]
+        further = jnp.where(
+            jnp.any(differ), jnp.sign(fronts[1] - fronts[0])[jnp.argmax(differ)], 0
+        )
         squares = jnp.sum(jnp.abs(both_residual) ** 2, axis=(1, 2))
         squares = jnp.where(jnp.isfinite(squares), squares, jnp.inf)
-        # the step taken is the one that solves more leading chunks (the progress
-        # of Newton's kind, which on chaotic cells comes with a larger residual
-        # further on); on a tie, Newton's when its model is exact (and its residual
-        # finite), the damped one otherwise
-        tie = ahead[1] == ahead[0]
-        if self._exact_model:
-            tie_newton = jnp.isfinite(squares[1]) | ~jnp.isfinite(squares[0])
-        else:
-            tie_newton = ~jnp.isfinite(squares[0])
-        take_newton = (ahead[1] > ahead[0]) | (tie & tie_newton)
-        # the radius, by the classical test on the damped step: the residual's
-        # actual decrease against the linear model's prediction; and it grows
-        # when the damped step solved fewer leading chunks than Newton's
+        take_newton = (further > 0) | ((further == 0) & (squares[1] < squares[0]))
         if self._adapts:
-            now = jnp.sum(jnp.abs(residual) ** 2)
-            moved = operator.mv(damped[:-1] - starts[:-1])
-            predicted = jnp.sum(jnp.abs(damped[1:] - ends[:-1] - moved) ** 2)
-            gain, expected = now - squares[0], now - predicted
-            positive = expected > 0
-            ratio = jnp.where(positive, gain / jnp.where(positive, expected, 1), 0)
-            factor = jnp.where(ratio > 0.75, 4.0, jnp.where(ratio < 0.25, 0.25, 1.0))
-            factor = jnp.where(ahead[1] > ahead[0], 4.0, factor)
-            radius = jnp.clip(radius * factor, 1e-12, 1e12).astype(radius.dtype)
+            factor = jnp.where(take_newton, 4.0, jnp.where(further < 0, 0.25, 1.0))
+            radius = jnp.clip(radius * factor, 1e-6, 1e12).astype(radius.dtype)
         new = jnp.where(take_newton, newton, damped)
         new_ends = jnp.where(take_newton, both_ends[1], both_ends[0])
-        # converged only once the residual itself is within the tolerances: a short
-        # step (a small radius) is no sign of convergence
-        # (rows that are not finite follow non-finite data: the loop holds them)
-        finite_rows = jnp.all(jnp.isfinite(residual), axis=-1)
+        # past the front of Newton's step (and one more start), its starts that solve
+        # the recurrence worse than the damped step's are the damped step's: there
+        # Newton's run away (chaotic cells), while the trust region holds its own
+        front = jnp.where(take_newton, fronts[1, -1], fronts[0, -1])
+        rows = jnp.sum(jnp.abs(both_residual) ** 2, axis=-1)
+        worse = ~(rows[1] <= rows[0])  # NaN: worse
+        ahead = (jnp.arange(starts.shape[0]) > front + 1) & worse
+        new = jnp.where(ahead[:, None], damped, new)
+        new_ends = jnp.where(ahead[:, None], both_ends[0], new_ends)
+        # converged once every start solves the recurrence within the tolerances (a
+        # short step, at a small radius, is no sign of convergence): those starts are
+        # returned unchanged. Rows that are not finite follow non-finite data: they
+        # are returned non-finite, for the loop to hold them as such
+        finite_rows = jnp.all(jnp.isfinite(residual + states_residual), axis=-1)
+        done = jnp.all(solved | ~finite_rows)
+        unchanged = jnp.where(finite_rows[:, None], starts, jnp.nan)
+        new = jnp.where(done, unchanged, new)
+        new_ends = jnp.where(done, ends, new_ends)
         state = {
             "radius": radius,
-            "unsolved": ~jnp.all(solved | ~finite_rows),
+            "unsolved": ~done,
             "at": new,
             "ends": new_ends,
         }

@@ -72,9 +72,10 @@ def _first_guess(solver, chunks: Chunks) -> Array:
 
 
 def _iterate(solver, chunks: Chunks):
-    """The solver's steps in the shared `loop`: `((starts, state, held), iterations,
-    change)`, `held[k]` whether chunk start k was non-finite in the last step (and
-    kept its last value)."""
+    """The solver's steps in the shared `loop`: `((starts, state, held, at_bound),
+    iterations, change)`, `held[k]` whether chunk start k was non-finite in the last
+    step (and kept its last value), `at_bound` in how many steps a start was held at
+    the float bound."""
     axis = chunks.axis_name
     h0 = chunks.h0
     bound = jnp.sqrt(jnp.finfo(h0.dtype).max).astype(h0.dtype)
@@ -83,7 +84,7 @@ def _iterate(solver, chunks: Chunks):
         return everywhere(jnp.all(x).astype(jnp.int32), axis, lax.pmin) > 0
 
     def body(carry):
-        starts, state, _ = carry
+        starts, state, _, at_bound = carry
         new, state = solver.step(chunks, starts, state)
         rows = _finite_rows(new)
         # a chunk start that the step made non-finite takes the value of a Picard
@@ -105,16 +106,17 @@ def _iterate(solver, chunks: Chunks):
         # bound is never converged
         new = jnp.where(jnp.isfinite(new), jnp.clip(new, -bound, bound), new)
         change = scaled_change(new, starts, solver.rtol, solver.atol)
-        change = jnp.where(jnp.any(jnp.abs(new) == bound), jnp.inf, change)
+        bounded = everywhere_all(jnp.abs(new) != bound)
+        change = jnp.where(bounded, change, jnp.inf)
         change = everywhere(change, axis, lax.pmax)
         # a step that changed nothing on purpose (a rejected trial step) is no sign
         # of convergence
         change = jnp.where(solver.unfinished(state), jnp.inf, change)
-        return (new, state, ~rows), change
+        return (new, state, ~rows, at_bound + ~bounded), change
 
     starts = _first_guess(solver, chunks)
     held = varying(jnp.zeros(chunks.count, bool), axis)
-    init = (starts, solver.init(chunks, starts), held)
+    init = (starts, solver.init(chunks, starts), held, jnp.array(0))
     return loop(body, init, solver.max_iters, h0.real.dtype)
 
 
@@ -147,7 +149,7 @@ def shooting_forward(solver, problem: Problem) -> tuple[Array, RESULTS, dict[str
         lambda x: lax.stop_gradient(x) if eqx.is_array(x) else x, problem
     )
     chunks = Chunks(frozen, solver.chunk_size, solver.axis_name)
-    (starts, state, held), iters, change = _iterate(solver, chunks)
+    (starts, state, held, at_bound), iters, change = _iterate(solver, chunks)
     axis = solver.axis_name
     finite = everywhere(jnp.any(held).astype(jnp.int32), axis, lax.pmax) == 0
     converged = change <= 1
@@ -162,6 +164,11 @@ def shooting_forward(solver, problem: Problem) -> tuple[Array, RESULTS, dict[str
     # never reads as converged (<= 1) when the states are not all finite
     change = jnp.where(finite, change, jnp.inf)
     fell_back = ~converged if solver.fallback == "sequential" else jnp.array(False)
-    stats = {"num_iterations": iters, "max_residual": change, "fell_back": fell_back}
+    stats = {
+        "num_iterations": iters,
+        "max_residual": change,
+        "fell_back": fell_back,
+        "num_at_bound": at_bound,
+    }
     stats.update(solver.statistics(state))
     return starts, result, stats

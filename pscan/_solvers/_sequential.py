@@ -60,5 +60,6 @@ class Sequential(AbstractSolver):
             "num_iterations": jnp.array(0),
             "max_residual": jnp.where(finite, 0.0, jnp.inf).astype(hs.real.dtype),
             "fell_back": jnp.array(False),
+            "num_at_bound": jnp.array(0),
         }
         return hs, result, stats

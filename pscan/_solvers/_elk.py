@@ -149,21 +149,23 @@ class ELK(AbstractShootingSolver):
     `jacobian="diagonal"` is quasi-ELK (memory `O(K d)`).
 
     Each iteration evaluates two candidates in one sweep, the damped step and Newton's
-    full step, and takes the one whose chunk starts solve the recurrence further: the
-    more leading starts within the tolerances, then within 10x, 100x, ... 10^8x them
-    (a residual's sum of squares, dominated by the rows that ran away, is no measure of
-    progress here), then the smaller sum of squares. Past the front of a Newton step
-    that wins (its last start within 10^8x the tolerances), the starts are the damped
-    step's, which never run away. With the dense Jacobian the radius grows 4x when
+    full step, and takes the one whose leading chunk starts solve the recurrence
+    within the tolerances further, then the one with the smaller sum of squared
+    residuals (alone, that sum is no measure of progress on chaotic cells: the rows
+    that ran away dominate it). Past the front of a Newton step that wins, its starts
+    that solve worse than the damped step's are the damped step's: Newton's run away
+    there, the damped step's do not. With the dense Jacobian the radius grows 4x when
     Newton's step wins and shrinks 4x when the damped one solves strictly further;
-    with the diagonal one (whose damped step stays useful far from Newton's) it stays
-    where it started, as in the ELK paper. `stats["radius"]` is where it ended.
+    with the diagonal one (whose damped step stays useful far from the quasi-Newton
+    step) it stays where it started, as in the ELK paper. `stats["radius"]` is where
+    it ended.
 
     On the tables' AR-GRUs (`python asv_bench/tables.py chaos`, T = 2000, float32)
-    ELK needs 8 iterations where DEER needs 249 on a milder cell, and about as many
-    as DEER (1443 vs 1495, 564 vs 576) on two strongly chaotic ones; quasi-ELK 208 and
-    1371 where quasi-DEER needs 1971 and 1965. The gradient is implicit and exact
-    (the fixed point is the sequential answer).
+    ELK needs 9 iterations where DEER needs 249 on a milder cell, and no more than
+    DEER (1458 vs 1495, 561 vs 576) on two strongly chaotic ones; quasi-ELK 202 and
+    1352 where quasi-DEER needs 1971 and 1965; no iterate of either reaches the
+    float bound. The gradient is implicit and exact (the fixed point is the
+    sequential answer).
 
     An iteration costs more than Newton's: two candidate sweeps, and a Kalman filter
     besides Newton's linear solve (with `d x d` solves in every combine when dense).
@@ -179,9 +181,10 @@ class ELK(AbstractShootingSolver):
         `chunk_size=1`, the smoother for longer chunks (which measured better there:
         6 against 56 iterations on the milder cell at `chunk_size=16`).
     - `max_iters`: the most steps.
-    - `rtol`, `atol`: converged when every chunk start solves the recurrence within
-        `atol + rtol * |s|` (its residual `s[k] - F_{k-1}(s[k-1])`) and the last step
-        changed none by more.
+    - `rtol`, `atol`: converged when every chunk start `s[k]` solves the recurrence
+        within `atol + rtol * |s[k]|` (its residual `s[k] - F_{k-1}(s[k-1])`), and so
+        does the state after it (the chunk's first step from `s[k]` against from
+        `F_{k-1}(s[k-1])`: a step can amplify a residual).
     - `fallback`: `None`, or `"sequential"` to return the exact sequential solution
         (and flag `stats["fell_back"]`) when not converged.
     - `method`: how the Kalman filter and smoother scan the chunks, as

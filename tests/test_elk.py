@@ -175,8 +175,7 @@ def test_kalman_steps_are_least_squares_minimisers(structure):
     starts, ends = (jax.random.normal(k, (K, d), jnp.float64) for k in keys[1:3])
     y = jax.random.normal(keys[3], (K - 1, d), jnp.float64)
     sigma2 = jax.random.uniform(keys[4], (K - 1,), jnp.float64, 0.1, 10.0)
-    kind = pscan.DiagonalJacobian if structure == "diagonal" else pscan.DenseJacobian
-    alg = _elk._ALGEBRA[kind]
+    alg = _elk._ALGEBRA[_elk.STRUCTURES[structure]]
     step = lambda smooth: _elk._kalman(
         alg, jac, ends, starts, y, 1 / (1 + sigma2), "sequential", smooth
     )

@@ -167,8 +167,10 @@ class ELK(AbstractShootingSolver):
     float bound. The gradient is implicit and exact (the fixed point is the
     sequential answer).
 
-    An iteration costs more than Newton's: two candidate sweeps, and a Kalman filter
-    besides Newton's linear solve (with `d x d` solves in every combine when dense).
+    An iteration costs more than Newton's: two candidate sweeps, the states' check
+    (one more sweep at `chunk_size=1`, one step per chunk otherwise), and a Kalman
+    filter besides Newton's linear solve (with `d x d` solves in every combine when
+    dense).
 
     **Arguments:**
 
@@ -337,7 +339,8 @@ class ELK(AbstractShootingSolver):
         # how many leading starts each candidate solves
         fronts = _leading(self._within(both, both_residual))
         further = jnp.sign(fronts[1] - fronts[0])  # +1: Newton's step solves further
-        squares = jnp.sum(jnp.abs(both_residual) ** 2, axis=(1, 2))
+        rows = jnp.sum(jnp.abs(both_residual) ** 2, axis=-1)  # (2, K)
+        squares = jnp.sum(rows, axis=-1)
         squares = jnp.where(jnp.isfinite(squares), squares, jnp.inf)
         take_newton = (further > 0) | ((further == 0) & (squares[1] < squares[0]))
         if self._adapts:
@@ -349,7 +352,6 @@ class ELK(AbstractShootingSolver):
         # the recurrence worse than the damped step's are the damped step's: there
         # Newton's run away (chaotic cells), while the trust region holds its own
         front = jnp.where(take_newton, fronts[1], fronts[0])
-        rows = jnp.sum(jnp.abs(both_residual) ** 2, axis=-1)
         worse = ~(rows[1] <= rows[0])  # NaN: worse
         ahead = (jnp.arange(starts.shape[0]) > front + 1) & worse
         new = jnp.where(ahead[:, None], damped, new)

@@ -21,15 +21,20 @@ def f(s, x=0.0):
 def test_jacobians_in_groups_of_columns(width):
     """By groups of forward-mode products (the last group overlapping the one before
     when `width` does not divide `d = 5`): the diagonal and the dense matrix (and its
-    transpose, and a pytree output's) equal `jax.jacfwd`'s."""
+    transpose, and a pytree output's) equal `jax.jacfwd`'s; `f`'s value comes along."""
     s = jnp.linspace(-1.0, 1.0, 5)
     jac = jax.jacfwd(f)(s)
-    assert_allclose(_diagonal(f, s, width), jnp.diag(jac))
-    assert_allclose(_dense(f, s, False, least=width), jac)
+    diagonal, value = _diagonal(f, s, width)
+    assert_allclose(diagonal, jnp.diag(jac))
+    assert_allclose(value, f(s))
+    dense, value = _dense(f, s, False, least=width)
+    assert_allclose(dense, jac)
+    assert_allclose(value, f(s))
     pair = lambda s: (f(s), jnp.sum(f(s) ** 2))
-    dense_t, grad = _dense(pair, s, True, least=width)
+    (dense_t, grad), (value, extra) = _dense(pair, s, True, least=width)
     assert_allclose(dense_t, jac.T)
     assert_allclose(grad, jax.grad(lambda s: pair(s)[1])(s))
+    assert_allclose(extra, pair(s)[1])
 
 
 @pytest.mark.parametrize("chunk", [1, 4, 8, 40])
@@ -63,3 +68,18 @@ def test_operators(chunk):
     assert_allclose(diagonal.rows(keep).coefficients()[1], 0 * diag[1])
     bad = pscan.DiagonalJacobian(diag.at[2, 0].set(jnp.nan))
     assert [bool(x) for x in bad.finite()] == [True, True, False]
+
+    # the values of the forward-mode pass: the chunk ends, without another run
+    ends = jax.vmap(end)(starts, xs)
+    for structure in (pscan.DenseJacobian, pscan.DiagonalJacobian):
+        operator, values = structure.linearise(end, starts, xs, value=True)
+        assert isinstance(operator, structure)
+        assert_allclose(values, ends)
+    pair = lambda s, x: (end(s, x), jnp.sum(s**2))
+    t, grad, (values, extra) = pscan.DenseJacobian.linearise(
+        pair, starts, xs, transposed=True, value=True
+    )
+    assert_allclose(t.matrix, jnp.swapaxes(jacs, 1, 2))
+    assert_allclose(grad, 2 * starts)
+    assert_allclose(values, ends)
+    assert_allclose(extra, jnp.sum(starts**2, axis=-1))

@@ -105,6 +105,20 @@ class Chunks(eqx.Module):
         xs = jax.tree_util.tree_map(lambda x: x[: starts.shape[0]], self.xs)
         return structure.linearise(self.end, starts, xs)
 
+    def ends_and_linearise(
+        self, structure: type[AbstractJacobian], starts: Array
+    ) -> tuple[Array, AbstractJacobian]:
+        """`ends(starts)` and `linearise(structure, starts)` for every chunk, from one
+        forward-mode pass (its values are the ends): no separate run of the chunks,
+        in the compiled program or at run time.
+
+        **Returns:**
+
+        `(ends, operator)`: `F_k(starts[k])`, `(K, d)`, and the K chunk Jacobians.
+        """
+        jac, ends = structure.linearise(self.end, starts, self.xs, value=True)
+        return ends, jac
+
     def states(self, starts: Array) -> Array:
         """Every chunk run from its start, in parallel, every state kept.
 

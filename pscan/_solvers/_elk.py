@@ -263,14 +263,7 @@ class ELK(AbstractShootingSolver):
         radius = self.radius
         if radius is None:
             radius = 1e4 if self._exact_newton else 10.0
-        return {
-            "radius": jnp.asarray(radius, real),
-            "unsolved": jnp.array(True),
-            # the last evaluated starts and their chunk ends (none yet: NaN never
-            # equals the starts)
-            "at": jnp.full_like(starts, jnp.nan),
-            "ends": jnp.zeros_like(starts),
-        }
+        return {"radius": jnp.asarray(radius, real), "unsolved": jnp.array(True)}
 
     def unfinished(self, state):
         return state["unsolved"]
@@ -289,15 +282,9 @@ class ELK(AbstractShootingSolver):
         structure = self.linearisation()
         alg = _ALGEBRA[structure]
         radius = state["radius"]
-        # the chunk ends of these starts: the last step evaluated them already,
-        # unless the loop changed what it returned (held or clipped rows)
-        ends = lax.cond(
-            jnp.all(starts == state["at"]),
-            lambda: state["ends"],
-            lambda: chunks.ends(starts),
-        )
+        # the chunk ends come with the Jacobians, from one forward-mode pass
+        ends, operator = chunks.ends_and_linearise(structure, starts)
         implied = chunks.shift(ends)  # the starts that the current ends imply
-        operator = chunks.linearise(structure, starts[:-1])
         # the leading starts that already solve the recurrence within the tolerances
         # (their own residual, and that of the states they give: the first step of
         # their chunk from them against from the previous chunk's end, which a step
@@ -315,7 +302,7 @@ class ELK(AbstractShootingSolver):
         y = jnp.where(after_exact[:, None], implied, starts)[1:]
         kappa = jnp.where(known, 1.0, 1 / (1 + radius)).astype(radius.dtype)
         method = auto_method() if self.method == "auto" else self.method
-        coefficients = operator.coefficients()
+        coefficients = operator.coefficients()[:-1]  # the last chunk's is not used
         steps = _kalman(
             alg, coefficients, ends, starts, y, kappa, method, self._smoother
         )
@@ -347,7 +334,6 @@ class ELK(AbstractShootingSolver):
             factor = jnp.where(take_newton, 4.0, jnp.where(further < 0, 0.25, 1.0))
             radius = jnp.clip(radius * factor, 1e-6, 1e12).astype(radius.dtype)
         new = jnp.where(take_newton, newton, damped)
-        new_ends = jnp.where(take_newton, both_ends[1], both_ends[0])
         # past the front of Newton's step (and one more start), its starts that solve
         # the recurrence worse than the damped step's are the damped step's: there
         # Newton's run away (chaotic cells), while the trust region holds its own
@@ -355,7 +341,6 @@ class ELK(AbstractShootingSolver):
         worse = ~(rows[1] <= rows[0])  # NaN: worse
         ahead = (jnp.arange(starts.shape[0]) > front + 1) & worse
         new = jnp.where(ahead[:, None], damped, new)
-        new_ends = jnp.where(ahead[:, None], both_ends[0], new_ends)
         # converged once every start solves the recurrence within the tolerances (a
         # short step, at a small radius, is no sign of convergence): those starts are
         # returned unchanged. Rows that are not finite follow non-finite data: they
@@ -364,11 +349,4 @@ class ELK(AbstractShootingSolver):
         done = jnp.all(solved | ~finite_rows)
         unchanged = jnp.where(finite_rows[:, None], starts, jnp.nan)
         new = jnp.where(done, unchanged, new)
-        new_ends = jnp.where(done, ends, new_ends)
-        state = {
-            "radius": radius,
-            "unsolved": ~done,
-            "at": new,
-            "ends": new_ends,
-        }
-        return new, state
+        return new, {"radius": radius, "unsolved": ~done}

@@ -33,7 +33,13 @@ class AbstractJacobian(eqx.Module):
     @classmethod
     @abc.abstractmethod
     def linearise(
-        cls, f: Callable, starts: Array, xs: PyTree, *, transposed: bool = False
+        cls,
+        f: Callable,
+        starts: Array,
+        xs: PyTree,
+        *,
+        transposed: bool = False,
+        value: bool = False,
     ) -> "AbstractJacobian | tuple":
         """The operator of `f(s, x_k)` at every `starts[k]`, `f` vectorised over k.
 
@@ -44,10 +50,14 @@ class AbstractJacobian(eqx.Module):
         - `starts`: `(K, d)`.
         - `xs`: the chunks' inputs, leading axis K.
         - `transposed`: build `J_k^T` instead of `J_k`.
+        - `value`: also return `f` at every start, which the forward-mode pass
+            computes anyway (no second run of the chunks).
 
         **Returns:**
 
-        The operator, or `(operator, d extra / ds)` when `f` returns a pair.
+        The operator, or `(operator, d extra / ds)` when `f` returns a pair; with
+        `value`, `f`'s values (leading axis K) appended: `(operator, values)` or
+        `(operator, d extra / ds, values)`.
         """
 
     @abc.abstractmethod
@@ -109,17 +119,22 @@ def _in_groups(f, s, width: int, init, write, out_axes=0):
     """Forward-mode products of `f` at `s` with the unit vectors, `width` of them at
     once (vectorised), one group after another: `write(acc, start, columns)` folds
     each group's products (stacked on `out_axes`) into `acc`, from `init`. Running `f`
-    once per group, `ceil(d / width)` times, with `width` tangents in flight."""
+    once per group, `ceil(d / width)` times, with `width` tangents in flight.
+    Returns `(acc, f(s))`: the value comes with every group's products."""
     d = s.shape[0]
-    columns = jax.vmap(lambda e: jax.jvp(f, (s,), (e,))[1], out_axes=out_axes)
+    columns = jax.vmap(lambda e: jax.jvp(f, (s,), (e,)), out_axes=(None, out_axes))
 
-    def group(i, acc):
+    def group(i, carry):
         start = jnp.minimum(i * width, d - width)  # the last group may overlap
         eye = jnp.arange(d)[None, :] == start + jnp.arange(width)[:, None]
         basis = eye.astype(s.dtype) + jnp.zeros_like(s)  # typed like `s` in shard_map
-        return write(acc, start, columns(basis))
+        value, products = columns(basis)
+        return write(carry[0], start, products), value
 
-    return lax.fori_loop(0, -(-d // width), group, init)
+    # typed like `s` in shard_map (adds zeros)
+    like = lambda out: jnp.zeros(out.shape, out.dtype) + jnp.zeros_like(s[0], out.dtype)
+    value = jax.tree_util.tree_map(like, jax.eval_shape(f, s))
+    return lax.fori_loop(0, -(-d // width), group, (init, value))
 
 
 def _dense(f, s, transposed: bool, groups: int = 8, least: int = 16):
@@ -129,7 +144,8 @@ def _dense(f, s, transposed: bool, groups: int = 8, least: int = 16):
     wide cell), for the price of running `f` itself once per group. Each group is
     written in place: rows of the transpose if `transposed` (no copy either way).
     `f` may return a pytree: then the Jacobian is a pytree like it, each leaf `(*S, d)`
-    (`(d, *S)` if `transposed`) for an output leaf of shape `S`."""
+    (`(d, *S)` if `transposed`) for an output leaf of shape `S`. Returns
+    `(jacobian, f(s))`."""
     d = s.shape[0]
     width = min(d, max(least, -(-d // groups)))
 
@@ -148,7 +164,8 @@ def _dense(f, s, transposed: bool, groups: int = 8, least: int = 16):
 
 def _diagonal(f, s, width: int):
     """`diag(df/ds)` by forward-mode products, `width` at a time, keeping one entry
-    of each: memory `O(d)` and `width` tangents, never the `d x d` matrix."""
+    of each: memory `O(d)` and `width` tangents, never the `d x d` matrix. Returns
+    `(diagonal, f(s))`."""
     width = min(s.shape[0], width)
 
     def write(diag, start, columns):  # row j of `columns` is column `start + j`
@@ -171,12 +188,12 @@ class DenseJacobian(AbstractJacobian):
     exact: ClassVar[bool] = True
 
     @classmethod
-    def linearise(cls, f, starts, xs, *, transposed=False):
+    def linearise(cls, f, starts, xs, *, transposed=False, value=False):
         one = lambda s, x: _dense(lambda s: f(s, x), s, transposed)
-        out = jax.vmap(one)(starts, xs)
-        if isinstance(out, tuple):
-            return cls(out[0]), out[1]
-        return cls(out)
+        out, values = jax.vmap(one)(starts, xs)
+        out = (cls(out[0]), out[1]) if isinstance(out, tuple) else (cls(out),)
+        out = (*out, values) if value else out
+        return out if len(out) > 1 else out[0]
 
     def mv(self, v):
         return jnp.einsum("kij,kj->ki", self.matrix, v, precision=lax.Precision.HIGHEST)
@@ -208,7 +225,7 @@ class DiagonalJacobian(AbstractJacobian):
     exact: ClassVar[bool] = False
 
     @classmethod
-    def linearise(cls, f, starts, xs, *, transposed=False):
+    def linearise(cls, f, starts, xs, *, transposed=False, value=False):
         # about T / 8 tangents in flight (each a state): `C / 8` products at once for
         # chunks of C >= 8 steps (at most 16); for shorter chunks one product at a
         # time over `8 / C` groups of chunks in turn
@@ -220,9 +237,11 @@ class DiagonalJacobian(AbstractJacobian):
 
         groups = -(-8 // c)
         if groups == 1:
-            return cls(jax.vmap(one)((starts, xs)))
-        batch = -(-starts.shape[0] // groups)
-        return cls(lax.map(one, (starts, xs), batch_size=batch))
+            out, values = jax.vmap(one)((starts, xs))
+        else:
+            batch = -(-starts.shape[0] // groups)
+            out, values = lax.map(one, (starts, xs), batch_size=batch)
+        return (cls(out), values) if value else cls(out)
 
     def mv(self, v):
         return self.diagonal * v

@@ -1,6 +1,7 @@
 from typing import ClassVar
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 
 from .._linear import linear_recurrence
@@ -73,35 +74,33 @@ class Newton(AbstractShootingSolver):
         return STRUCTURES[self.jacobian]
 
     def step(self, chunks, starts, state):
-        ends = chunks.ends(starts)
-        # every chunk's linearisation but the last one's (across devices, the last
-        # chunk of a device feeds the next device)
-        sharded = chunks.axis_name is not None
-        lin_starts = starts if sharded else starts[:-1]
-        jac = chunks.linearise(self.linearisation(), lin_starts)
+        ends, jac = chunks.ends_and_linearise(self.linearisation(), starts)
         return newton_starts(chunks, starts, ends, jac.scale(1 - self.damping)), state
 
 
 def newton_starts(chunks, starts, ends, jac):
     """The Newton step on the chunk starts: the solution of the linear recurrence
     `s_new[k+1] = ends[k] + J_k (s_new[k] - starts[k])`, `s_new[0] = h0`, with `jac`
-    the Jacobians of every chunk but the last (of every chunk, across devices).
+    the Jacobians of every chunk (the last one's is used only across devices: the
+    last chunk of a device feeds the next device).
 
     A chunk with a non-finite end or Jacobian (after a non-finite input) must not
     spread NaN through the linear solve to every later chunk: its start is taken as
     it is (a zero Jacobian, the next start as its end), and its end is marked
     non-finite again afterwards for the loop to hold."""
     sharded = chunks.axis_name is not None
-    lin_starts = starts if sharded else starts[:-1]
-    lin_ends = ends if sharded else ends[:-1]
-    end_ok = jnp.all(jnp.isfinite(lin_ends), axis=-1)
+    if not sharded:
+        starts, ends, following = starts[:-1], ends[:-1], starts[1:]
+        jac = jax.tree_util.tree_map(lambda m: m[:-1], jac)
+    else:
+        following = chunks.following(starts)
+    end_ok = jnp.all(jnp.isfinite(ends), axis=-1)
     ok = end_ok & jac.finite()
     jac = jac.rows(ok)
-    following = chunks.following(starts) if sharded else starts[1:]
     b = jnp.where(
         ok[:, None],
-        lin_ends - jac.mv(lin_starts),
-        jnp.where(end_ok[:, None], lin_ends, following),
+        ends - jac.mv(starts),
+        jnp.where(end_ok[:, None], ends, following),
     )
     after = linear_recurrence(
         jac.coefficients(), b, chunks.h0, axis_name=chunks.axis_name

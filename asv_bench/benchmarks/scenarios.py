@@ -105,6 +105,7 @@ def gru_solvers(chunk=256, tol=1e-5):
         ),
         "Newton() = DEER": pscan.Newton(**tol),
         "Newton(diagonal) = quasi-DEER": pscan.Newton(jacobian="diagonal", **tol),
+        f"ELK(chunk_size={chunk})": pscan.ELK(chunk_size=chunk, **tol),
     }
 
 

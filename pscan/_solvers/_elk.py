@@ -164,8 +164,8 @@ class ELK(AbstractShootingSolver):
     ELK needs 9 iterations where DEER needs 247 on a milder cell, and about as many
     as DEER on two strongly chaotic ones (over five drives, 1463 vs 1482 and 583 vs
     580 on average); quasi-ELK 202 and 1352 where quasi-DEER needs 1970 and 1970; no
-    iterate of either reaches the float bound. The gradient is implicit and exact (the fixed point is the
-    sequential answer).
+    iterate of either reaches the float bound. The gradient is implicit and exact
+    (the fixed point is the sequential answer).
 
     An iteration costs more than Newton's: two candidate sweeps, the states' check
     (one more sweep at `chunk_size=1`, one step per chunk otherwise), and a Kalman

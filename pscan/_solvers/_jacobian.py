@@ -118,9 +118,10 @@ class AbstractJacobian(eqx.Module):
 def _in_groups(f, s, width: int, init, write, out_axes=0):
     """Forward-mode products of `f` at `s` with the unit vectors, `width` of them at
     once (vectorised), one group after another: `write(acc, start, columns)` folds
-    each group's products (stacked on `out_axes`) into `acc`, from `init`. Running `f`
-    once per group, `ceil(d / width)` times, with `width` tangents in flight.
-    Returns `(acc, f(s))`: the value comes with every group's products."""
+    each group's products (stacked on `out_axes`) into `acc`, from `init(shapes)`
+    (`shapes` those of `f`'s output). Running `f` once per group, `ceil(d / width)`
+    times, with `width` tangents in flight. Returns `(acc, f(s))`: the value comes
+    with every group's products."""
     d = s.shape[0]
     columns = jax.vmap(lambda e: jax.jvp(f, (s,), (e,)), out_axes=(None, out_axes))
 
@@ -131,10 +132,11 @@ def _in_groups(f, s, width: int, init, write, out_axes=0):
         value, products = columns(basis)
         return write(carry[0], start, products), value
 
+    shapes = jax.eval_shape(f, s)
     # typed like `s` in shard_map (adds zeros)
     like = lambda out: jnp.zeros(out.shape, out.dtype) + jnp.zeros_like(s[0], out.dtype)
-    value = jax.tree_util.tree_map(like, jax.eval_shape(f, s))
-    return lax.fori_loop(0, -(-d // width), group, (init, value))
+    value = jax.tree_util.tree_map(like, shapes)
+    return lax.fori_loop(0, -(-d // width), group, (init(shapes), value))
 
 
 def _dense(f, s, transposed: bool, groups: int = 8, least: int = 16):
@@ -158,7 +160,7 @@ def _dense(f, s, transposed: bool, groups: int = 8, least: int = 16):
         shape = (d, *out.shape) if transposed else (*out.shape, d)
         return jnp.zeros(shape, out.dtype) + jnp.zeros_like(s)  # typed like `s`
 
-    init = jax.tree_util.tree_map(zeros, jax.eval_shape(f, s))
+    init = lambda shapes: jax.tree_util.tree_map(zeros, shapes)
     return _in_groups(f, s, width, init, write, out_axes=0 if transposed else -1)
 
 
@@ -172,7 +174,7 @@ def _diagonal(f, s, width: int):
         block = lax.dynamic_slice_in_dim(columns, start, width, axis=1)
         return lax.dynamic_update_slice_in_dim(diag, jnp.diagonal(block), start, 0)
 
-    return _in_groups(f, s, width, jnp.zeros_like(s), write)
+    return _in_groups(f, s, width, lambda _: jnp.zeros_like(s), write)
 
 
 class DenseJacobian(AbstractJacobian):

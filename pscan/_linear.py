@@ -27,6 +27,7 @@ from jaxtyping import Array, ArrayLike, Bool, Inexact, Int
 from ._associative import associative_scan, at_step, auto_method, doubling, fold
 from ._axis import like_inputs
 from ._chunking import default_chunk_size, from_chunks, shift_in, to_chunks
+from ._finite import finite_along
 from ._segments import along_time, segment_masks
 
 Method = Literal["auto", "sequential", "associative", "chunked"]
@@ -215,7 +216,7 @@ def _chunked(a, b, h0, *, reverse: bool, dense: bool, chunk_size: int):
         xs = (jnp.broadcast_to(ac, (bc.shape[0], *ac.shape[1:])), bc)
         return lax.scan(chunk, h0, xs, reverse=reverse)[1]
 
-    ends = lax.cond(jnp.all(jnp.isfinite(ends)), lambda: ends, exact_ends)
+    ends = lax.cond(finite_along(ends), lambda: ends, exact_ends)
     starts = shift_in(ends, h0, reverse)
     hs, _ = _loop(ac, bc, starts, axis=1, reverse=reverse, dense=dense)
     return from_chunks(hs, length, front=reverse)

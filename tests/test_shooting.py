@@ -29,9 +29,9 @@ class DampedPicard(pscan.AbstractShootingSolver):
         return jnp.asarray(self.relax, starts.real.dtype)
 
     def step(self, chunks, starts, weight):
-        sweep = chunks.shift(chunks.ends(starts))
-        new = starts + weight * (sweep - starts)
-        return new, jnp.minimum(1.0, self.grow * weight)
+        ends = chunks.ends(starts)
+        new = starts + weight * (chunks.shift(ends) - starts)
+        return new, jnp.minimum(1.0, self.grow * weight), ends
 
 
 def _problem(length=23):

@@ -41,6 +41,7 @@ from .._axis import (
     varying,
 )
 from .._chunking import from_chunks, to_chunks
+from .._finite import finite_along
 from .._linear import linear_recurrence
 from .._solution import RESULTS
 from ._base import Problem, finite_result
@@ -303,7 +304,7 @@ def _cotangent(inputs, static, solver, starts, ct_hs):
 
 def _all_finite(x, axis):
     """Whether every entry of `x` is finite, on every device."""
-    finite = jnp.all(jnp.isfinite(x)).astype(jnp.int32)
+    finite = finite_along(x).astype(jnp.int32)
     return everywhere(finite, axis, lax.pmin) > 0
 
 

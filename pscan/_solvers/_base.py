@@ -12,6 +12,7 @@ import numpy as np
 from jaxtyping import Array, PyTree
 
 from .._chunking import to_chunks
+from .._finite import finite_along
 from .._solution import RESULTS
 
 
@@ -146,7 +147,7 @@ class AbstractSolver(eqx.Module):
 def finite_result(hs: Array) -> tuple[Array, RESULTS]:
     """`(finite, result)` for states that are the answer as they stand: the one rule
     of every solver, `successful` when all states are finite, `nonfinite` if not."""
-    finite = jnp.all(jnp.isfinite(lax.stop_gradient(hs)))
+    finite = finite_along(lax.stop_gradient(hs))
     return finite, RESULTS.where(finite, RESULTS.successful, RESULTS.nonfinite)
 
 

@@ -9,6 +9,7 @@ import jax.lax as lax
 import jax.numpy as jnp
 
 from .._associative import SCAN_METHODS, associative_scan, auto_method
+from .._finite import finite_along
 from ._base import as_python
 from ._jacobian import STRUCTURES, DenseJacobian, DiagonalJacobian
 from ._newton import newton_starts
@@ -278,7 +279,7 @@ class ELK(AbstractShootingSolver):
 
     def step(self, chunks, starts, state):
         if starts.shape[0] == 1:  # one chunk: its start is h0, nothing to solve
-            return starts, {**state, "unsolved": jnp.array(False)}
+            return starts, {**state, "unsolved": jnp.array(False)}, None
         structure = self.linearisation()
         alg = _ALGEBRA[structure]
         radius = state["radius"]
@@ -345,8 +346,8 @@ class ELK(AbstractShootingSolver):
         # short step, at a small radius, is no sign of convergence): those starts are
         # returned unchanged. Rows that are not finite follow non-finite data: they
         # are returned non-finite, for the loop to hold them as such
-        finite_rows = jnp.all(jnp.isfinite(residual + states_residual), axis=-1)
+        finite_rows = finite_along(residual + states_residual, axis=-1)
         done = jnp.all(solved | ~finite_rows)
         unchanged = jnp.where(finite_rows[:, None], starts, jnp.nan)
         new = jnp.where(done, unchanged, new)
-        return new, {"radius": radius, "unsolved": ~done}
+        return new, {"radius": radius, "unsolved": ~done}, ends

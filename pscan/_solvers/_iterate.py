@@ -19,6 +19,7 @@ from jaxtyping import Array, PyTree
 
 from .._axis import everywhere, shift_forward, varying
 from .._chunking import to_chunks
+from .._finite import finite_along
 from .._linear import linear_recurrence
 from .._solution import RESULTS
 from ._base import Problem
@@ -56,7 +57,7 @@ def loop(
 
 def _finite_rows(x):
     """Per chunk start: whether all its entries are finite, `(K,)`."""
-    return jnp.all(jnp.isfinite(x), axis=-1)
+    return finite_along(x, axis=-1)
 
 
 def _first_guess(solver, chunks: Chunks) -> Array:
@@ -85,16 +86,23 @@ def _iterate(solver, chunks: Chunks):
 
     def body(carry):
         starts, state, _, at_bound = carry
-        new, state = solver.step(chunks, starts, state)
+        new, state, ends = solver.step(chunks, starts, state)
         rows = _finite_rows(new)
         # a chunk start that the step made non-finite takes the value of a Picard
         # sweep from the last guess instead (which always makes progress: one more
-        # chunk becomes exact); the predicate is the same on every device
-        new = lax.cond(
-            everywhere_all(rows),
-            lambda: new,
-            lambda: jnp.where(rows[:, None], new, chunks.shift(chunks.ends(starts))),
-        )
+        # chunk becomes exact), from the step's own chunk ends when it has them (no
+        # second run of the chunks, in the program or at run time); the predicate is
+        # the same on every device
+        if ends is None:
+            new = lax.cond(
+                everywhere_all(rows),
+                lambda: new,
+                lambda: jnp.where(
+                    rows[:, None], new, chunks.shift(chunks.ends(starts))
+                ),
+            )
+        else:
+            new = jnp.where(rows[:, None], new, chunks.shift(ends))
         # what is still non-finite follows a non-finite state of the sequential
         # recurrence itself (a non-finite input, or a cell that blows up): it keeps its
         # last value, so the chunks before it still converge to their exact states

@@ -20,6 +20,8 @@ import jax.lax as lax
 import jax.numpy as jnp
 from jaxtyping import Array, PyTree
 
+from .._finite import finite_along
+
 
 class AbstractJacobian(eqx.Module):
     """The K chunk Jacobians `J_k` of a shooting solver, one structure.
@@ -210,7 +212,7 @@ class DenseJacobian(AbstractJacobian):
         return DenseJacobian(jnp.where(keep[:, None, None], self.matrix, 0))
 
     def finite(self):
-        return jnp.all(jnp.isfinite(self.matrix), axis=(-2, -1))
+        return finite_along(self.matrix, axis=(-2, -1))
 
 
 class DiagonalJacobian(AbstractJacobian):
@@ -258,7 +260,7 @@ class DiagonalJacobian(AbstractJacobian):
         return DiagonalJacobian(jnp.where(keep[:, None], self.diagonal, 0))
 
     def finite(self):
-        return jnp.all(jnp.isfinite(self.diagonal), axis=-1)
+        return finite_along(self.diagonal, axis=-1)
 
 
 STRUCTURES = {"dense": DenseJacobian, "diagonal": DiagonalJacobian}

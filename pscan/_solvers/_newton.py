@@ -1,9 +1,9 @@
 from typing import ClassVar
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 
+from .._finite import finite_along
 from .._linear import linear_recurrence
 from ._base import as_python
 from ._jacobian import STRUCTURES
@@ -75,26 +75,24 @@ class Newton(AbstractShootingSolver):
 
     def step(self, chunks, starts, state):
         ends, jac = chunks.ends_and_linearise(self.linearisation(), starts)
-        return newton_starts(chunks, starts, ends, jac.scale(1 - self.damping)), state
+        new = newton_starts(chunks, starts, ends, jac.scale(1 - self.damping))
+        return new, state, ends
 
 
 def newton_starts(chunks, starts, ends, jac):
     """The Newton step on the chunk starts: the solution of the linear recurrence
     `s_new[k+1] = ends[k] + J_k (s_new[k] - starts[k])`, `s_new[0] = h0`, with `jac`
-    the Jacobians of every chunk (the last one's is used only across devices: the
-    last chunk of a device feeds the next device).
+    the Jacobians of every chunk. The recurrence runs over all K chunks, the last
+    one's result (the start of a chunk after the last) dropped by the shift, or
+    across devices the start of the next device's first chunk: no slice of the
+    Jacobians (a copy of them per iteration, and kernels of its own).
 
     A chunk with a non-finite end or Jacobian (after a non-finite input) must not
     spread NaN through the linear solve to every later chunk: its start is taken as
     it is (a zero Jacobian, the next start as its end), and its end is marked
     non-finite again afterwards for the loop to hold."""
-    sharded = chunks.axis_name is not None
-    if not sharded:
-        starts, ends, following = starts[:-1], ends[:-1], starts[1:]
-        jac = jax.tree_util.tree_map(lambda m: m[:-1], jac)
-    else:
-        following = chunks.following(starts)
-    end_ok = jnp.all(jnp.isfinite(ends), axis=-1)
+    following = chunks.following(starts)
+    end_ok = finite_along(ends, axis=-1)
     ok = end_ok & jac.finite()
     jac = jac.rows(ok)
     b = jnp.where(
@@ -106,6 +104,4 @@ def newton_starts(chunks, starts, ends, jac):
         jac.coefficients(), b, chunks.h0, axis_name=chunks.axis_name
     )
     after = jnp.where(end_ok[:, None], after, jnp.nan)
-    if sharded:
-        return chunks.shift(after)
-    return jnp.concatenate([chunks.h0[None], after])
+    return chunks.shift(after)

@@ -37,4 +37,5 @@ class Picard(AbstractShootingSolver):
     name: ClassVar[str] = "Picard"
 
     def step(self, chunks, starts, state):
-        return chunks.shift(chunks.ends(starts)), state
+        ends = chunks.ends(starts)
+        return chunks.shift(ends), state, ends

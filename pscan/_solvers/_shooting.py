@@ -23,11 +23,12 @@ class AbstractShootingSolver(AbstractSolver):
     state of its own, from `init`, that the loop carries from one iteration to the
     next). The loop around it is shared: it stops when no start moved by more than
     `atol + rtol * |s|` or after `max_iters` steps, replaces non-finite rows of a step
-    by a Picard sweep, holds iterates that run away at +-sqrt(largest float), and
-    gives the sequential loop's answer on non-finite data. The gradient is implicit,
-    never through the iterations: `linearisation` names the Jacobian structure it may
-    use (`pscan.DenseJacobian`: solved at once; `pscan.DiagonalJacobian`: a
-    preconditioner; None: products with the exact Jacobian only).
+    by a Picard sweep (from the chunk ends that `step` returns), holds iterates that
+    run away at +-sqrt(largest float), and gives the sequential loop's answer on
+    non-finite data. The gradient is implicit, never through the iterations:
+    `linearisation` names the Jacobian structure it may use (`pscan.DenseJacobian`:
+    solved at once; `pscan.DiagonalJacobian`: a preconditioner; None: products with
+    the exact Jacobian only).
 
     Subclasses declare the fields below (static, as in `pscan.Picard`) and `step`.
 
@@ -82,7 +83,7 @@ class AbstractShootingSolver(AbstractSolver):
     @abc.abstractmethod
     def step(
         self, chunks: Chunks, starts: Array, state: PyTree
-    ) -> tuple[Array, PyTree]:
+    ) -> tuple[Array, PyTree, Array | None]:
         """One iteration.
 
         **Arguments:**
@@ -95,7 +96,12 @@ class AbstractShootingSolver(AbstractSolver):
 
         **Returns:**
 
-        `(new_starts, new_state)`, the new starts with `new_starts[0] = h0`.
+        `(new_starts, new_state, ends)`: the new starts with `new_starts[0] = h0`,
+        and the chunk ends `F_k(starts[k])`, `(K, d)`, if the step ran the chunks from
+        `starts` (`chunks.ends`, `chunks.ends_and_linearise`), else None. The loop
+        replaces non-finite rows of `new_starts` by a Picard sweep, `chunks.shift(ends)`:
+        given the ends, it needs no run of the chunks of its own (one copy of the cell
+        fewer in the compiled program).
         """
 
     def unfinished(self, state: PyTree) -> Array:

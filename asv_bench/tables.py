@@ -506,6 +506,69 @@ def _sharding_child(args):
     print(f"RESULT {devices} {med['fwd']} {med['grad']} {plain}")
 
 
+def _fastest_compile(fn, args, repeats):
+    """Fastest of `repeats` fresh traces, lowerings and compiles of `jit(fn)(*args)`
+    (`jax.clear_caches()` before each), seconds."""
+    best = float("inf")
+    for _ in range(repeats):
+        jax.clear_caches()
+        start = time.perf_counter()
+        eqx.filter_jit(fn).lower(*args).compile()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def compile_times(args):
+    """Gradient compile time, fastest of `--repeats` fresh compiles: every solver on
+    the bare GRU of `solvers`, and the loss of `examples/train_long_series.py`
+    (`--model gru`, two layers) with Sequential / Newton / Picard layers."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+    import train_long_series as example
+
+    n, t = args.repeats, args.length
+    print(
+        f"# T = {t}, jax {jax.__version__}, backend {jax.default_backend()}, fastest of {n}"
+    )
+    cell, xs, h0 = gru_problem(t, args.hidden)
+    rows, base = [], None
+    for name, solver in gru_solvers(chunk=args.chunk).items():
+        seconds = _fastest_compile(solver_programs(solver, h0)["grad"], (cell, xs), n)
+        base = base or seconds
+        rows.append(
+            [
+                f"GRU 1 -> {args.hidden}",
+                name,
+                f"{seconds:.2f}",
+                f"{seconds / base:.2f}x",
+            ]
+        )
+    series = jnp.asarray(example.mackey_glass(t + 20))
+    mask = jnp.ones(t, bool)
+    grad = eqx.filter_value_and_grad(example.make_loss(20))
+    tol = dict(rtol=1e-5, atol=1e-5, max_iters=50)
+    layers = {
+        "Sequential": pscan.Sequential(),
+        f"Newton(chunk_size={args.chunk})": pscan.Newton(chunk_size=args.chunk, **tol),
+        f"Picard(chunk_size={args.chunk})": pscan.Picard(chunk_size=args.chunk, **tol),
+    }
+    base = None
+    for name, solver in layers.items():
+        model = example.Forecaster(
+            "gru", args.hidden, 2, solver, key=jax.random.PRNGKey(0)
+        )
+        seconds = _fastest_compile(grad, (model, series, mask), n)
+        base = base or seconds
+        rows.append(
+            [
+                "train_long_series (gru, 2 layers)",
+                name,
+                f"{seconds:.2f}",
+                f"{seconds / base:.2f}x",
+            ]
+        )
+    print_table(["program", "solver", "grad compile (s)", "vs Sequential"], rows)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -560,6 +623,11 @@ def main():
     p.add_argument("--chunk", type=int, default=128)
     p.add_argument("--tol", type=float, default=1e-5)
     p.add_argument("--repeats", type=int, default=3)
+    p = sub.add_parser("compile", help="gradient compile time of every solver")
+    p.add_argument("--length", type=int, default=100000)
+    p.add_argument("--hidden", type=int, default=32)
+    p.add_argument("--chunk", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
     p = sub.add_parser("sharding", help="sharded linear recurrence on host devices")
     p.add_argument("--length", type=int, default=2**20)
     p.add_argument("--channels", type=int, default=32)
@@ -570,7 +638,7 @@ def main():
     args = parser.parse_args()
     commands = {"linear": linear, "solvers": solvers, "seed": seed, "gradmem": gradmem}
     commands.update(warmstart=warmstart, sharding=sharding, deer=deer, chaos=chaos)
-    commands.update(packed=packed)
+    commands.update(packed=packed, compile=compile_times)
     commands[args.what](args)
 
 

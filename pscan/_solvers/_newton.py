@@ -94,12 +94,8 @@ def newton_starts(chunks, starts, ends, jac):
     following = chunks.following(starts)
     end_ok = finite_along(ends, axis=-1)
     ok = end_ok & jac.finite()
-    jac = jac.rows(ok)
-    b = jnp.where(
-        ok[:, None],
-        ends - jac.mv(starts),
-        jnp.where(end_ok[:, None], ends, following),
-    )
+    jac = jac.rows(ok)  # zero where not `ok`: `ends - J s` is then `ends`
+    b = jnp.where(end_ok[:, None], ends - jac.mv(starts), following)
     after = linear_recurrence(
         jac.coefficients(), b, chunks.h0, axis_name=chunks.axis_name
     )

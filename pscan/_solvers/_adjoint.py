@@ -41,7 +41,7 @@ from .._axis import (
     varying,
 )
 from .._chunking import from_chunks, to_chunks
-from .._finite import finite_along
+from .._finite import finite_everywhere
 from .._linear import linear_recurrence
 from .._solution import RESULTS
 from ._base import Problem, finite_result
@@ -287,7 +287,7 @@ def _cotangent(inputs, static, solver, starts, ct_hs):
             end_and_weighted, starts, (chunks.xs, ct_chunks), transposed=True
         )
         mu = boundary_solve(solver, jac_t, None, pull_one, per_chunk, None, rhs=rhs)
-        return lax.cond(_all_finite(mu, axis), lambda: linearised(mu), unknown)
+        return lax.cond(finite_everywhere(mu, axis), lambda: linearised(mu), unknown)
 
     # Each stage runs in a conditional on what it needs (finite chunk starts, finite
     # `mu`): XLA allocates a branch's buffers only when it runs, never during the
@@ -295,17 +295,13 @@ def _cotangent(inputs, static, solver, starts, ct_hs):
     # stages', not their sum. Without finite starts (or `mu`) there is no
     # derivative: every cotangent is NaN.
     backward = exact if structure is not None and structure.exact else linearised
-    ct_params, ct_xs, ct_h0 = lax.cond(_all_finite(starts, axis), backward, unknown)
+    ct_params, ct_xs, ct_h0 = lax.cond(
+        finite_everywhere(starts, axis), backward, unknown
+    )
     ct_xs = from_chunks(ct_xs, problem.length)
     if axis is not None:  # h0 enters on the first device only
         ct_h0 = jnp.where(lax.axis_index(axis) == 0, ct_h0, 0)
     return _Inputs(ct_params, ct_xs, ct_h0)
-
-
-def _all_finite(x, axis):
-    """Whether every entry of `x` is finite, on every device."""
-    finite = finite_along(x).astype(jnp.int32)
-    return everywhere(finite, axis, lax.pmin) > 0
 
 
 def boundary_solve(solver, jac, affine, affine_one, per_chunk, edge, rhs=None):

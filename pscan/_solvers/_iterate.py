@@ -19,7 +19,7 @@ from jaxtyping import Array, PyTree
 
 from .._axis import everywhere, shift_forward, varying
 from .._chunking import to_chunks
-from .._finite import finite_along
+from .._finite import finite_along, finite_everywhere
 from .._linear import linear_recurrence
 from .._solution import RESULTS
 from ._base import Problem
@@ -81,9 +81,6 @@ def _iterate(solver, chunks: Chunks):
     h0 = chunks.h0
     bound = jnp.sqrt(jnp.finfo(h0.dtype).max).astype(h0.dtype)
 
-    def everywhere_all(x):
-        return everywhere(jnp.all(x).astype(jnp.int32), axis, lax.pmin) > 0
-
     def body(carry):
         starts, state, _, at_bound = carry
         new, state, ends = solver.step(chunks, starts, state)
@@ -95,7 +92,7 @@ def _iterate(solver, chunks: Chunks):
         # the same on every device
         if ends is None:
             new = lax.cond(
-                everywhere_all(rows),
+                finite_everywhere(new, axis),
                 lambda: new,
                 lambda: jnp.where(
                     rows[:, None], new, chunks.shift(chunks.ends(starts))

@@ -267,6 +267,18 @@ def test_fallback_gradient_is_exact(make):
     g = eqx.filter_jit(eqx.filter_grad(lambda c: _loss(c, xs, h0, fb)))(cell)
     g_ref = eqx.filter_grad(lambda c: _scan_loss(c, xs, h0))(cell)
     np.testing.assert_allclose(g.weight_hh, g_ref.weight_hh, rtol=1e-7, atol=1e-7)
+    # and the tangent's iteration falls back to its exact sweep the same way
+    t_xs = jnp.cos(jnp.arange(xs.size, dtype=xs.dtype)).reshape(xs.shape)
+    hs = lambda xs, h0, solver: pscan.recurrence(cell, xs, h0, solver=solver).hs
+    t = jax.jit(
+        lambda: jax.jvp(lambda x, h: hs(x, h, fb), (xs, h0), (t_xs, jnp.ones_like(h0)))[
+            1
+        ]
+    )()
+    t_ref = jax.jvp(
+        lambda x, h: scan_cell(cell, x, h), (xs, h0), (t_xs, jnp.ones_like(h0))
+    )[1]
+    np.testing.assert_allclose(t, t_ref, rtol=1e-7, atol=1e-7)
 
 
 def test_not_converged_raises():

@@ -164,9 +164,9 @@ class ELK(AbstractShootingSolver):
     it ended.
 
     On the tables' AR-GRUs (`python asv_bench/tables.py chaos`, T = 2000, float32)
-    ELK needs 9 iterations where DEER needs 247 on a milder cell, and about as many
-    as DEER on two strongly chaotic ones (over five drives, 1463 vs 1482 and 583 vs
-    580 on average); quasi-ELK 202 and 1352 where quasi-DEER needs 1970 and 1970; no
+    ELK needs 9 iterations where DEER needs 249 on a milder cell, and about as many
+    as DEER on two strongly chaotic ones (over five drives, 1453 vs 1536 and 574 vs
+    571 on average); quasi-ELK 202 and 1352 where quasi-DEER needs 1970 and 1970; no
     iterate of either reaches the float bound. The gradient is implicit and exact
     (the fixed point is the sequential answer).
 

@@ -551,6 +551,31 @@ def test_nonfinite_input_flagged_and_earlier_states_exact(solver):
         assert_allclose(sol.hs[:21], ref[:21])
 
 
+LONG_NONFINITE_SOLVERS = {
+    "picard": pscan.Picard(chunk_size=4, **TIGHT),
+    "deer": pscan.Newton(**TIGHT),
+    "shooting": pscan.Newton(chunk_size=4, **TIGHT),
+    "elk": pscan.ELK(chunk_size=4, **TIGHT),
+}
+
+
+@pytest.mark.parametrize(
+    "solver", LONG_NONFINITE_SOLVERS.values(), ids=LONG_NONFINITE_SOLVERS.keys()
+)
+def test_nonfinite_input_flagged_on_a_long_sequence(solver):
+    """The same with T = 20000 (K d >= 20000 entries in the checks of the starts): a
+    finiteness check built on a max reduction, which XLA CPU's vectorised code lets
+    drop a NaN, returned wrong states there (ELK's, before the NaN) and no flag."""
+    cell = to_dtype(eqx.nn.GRUCell(1, 4, key=jax.random.PRNGKey(0)), jnp.float64)
+    h0 = jnp.zeros(4)
+    xs = make_xs(20000, n_in=1).at[10000, 0].set(jnp.nan)
+    ref = scan_cell(cell, xs, h0)
+    sol = solve(cell, xs, h0, solver=solver, throw=False)
+    assert sol.result == pscan.RESULTS.nonfinite
+    np.testing.assert_array_equal(np.isnan(sol.hs), np.isnan(ref))
+    assert_allclose(sol.hs[:10000], ref[:10000])
+
+
 @pytest.mark.parametrize("make", [pscan.Picard, pscan.Newton])
 def test_pure_relative_tolerance(make):
     """`atol=0` with states that are exactly zero: no 0/0, converges as usual."""

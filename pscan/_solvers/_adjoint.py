@@ -185,37 +185,6 @@ def _runs(inputs, static, rest, emit=True):
     return runs
 
 
-def _one_step(inputs, static, params, h, x):
-    """The state after one step from `h`, with `x` that step's inputs: the problem's
-    own `scan` over a block of one step."""
-    one = jax.tree_util.tree_map(lambda v: v[None], x)
-    return _problem(inputs, static, params).scan(h, one, emit=False)[1]
-
-
-def _before(inputs, static, xs_chunks, starts):
-    """The state before every step of the chunk runs from `starts`, `(K, C, d)`."""
-    floating, rest = _split_xs(xs_chunks)
-    hs = _runs(inputs, static, rest)(inputs.params, starts, floating)[0]
-    return jnp.concatenate([starts[:, None], hs[:, :-1]], axis=1)
-
-
-def _sweep(step, incoming, per_step, reverse):
-    """`lax.scan(step, incoming, per_step)` over every step of every chunk, one after
-    another (backwards if `reverse`), `per_step` with leading axes `(K, C)`. `step`
-    returns its carry as its output, the derivative at one state.
-
-    **Returns:**
-
-    Per chunk, the output at its last step (forward: the chunk end's tangent) or at
-    its first (reverse: the chunk start's cotangent), `(K, d)`.
-    """
-    k, c = jax.tree_util.tree_leaves(per_step)[0].shape[:2]
-    flat = jax.tree_util.tree_map(lambda x: x.reshape(k * c, *x.shape[2:]), per_step)
-    _, ys = lax.scan(step, incoming, flat, reverse=reverse)
-    ys = ys.reshape(k, c, *ys.shape[1:])
-    return ys[:, 0] if reverse else ys[:, -1]
-
-
 def _tangent(inputs, static, solver, starts, t):
     """The tangent of the states for tangents `t` (an `_Inputs`) of the inputs:
     `s_dot[k+1] = J_k s_dot[k] + u[k]`, `s_dot[0] = t.h0`, with `u[k]` chunk k's end
@@ -231,19 +200,19 @@ def _tangent(inputs, static, solver, starts, t):
     # `push(m)[k] = u[k] + J_k m[k]`, for the tangents `m` of the chunk starts
     push = lambda m: jax.jvp(ends, primal, (t.params, m, t_floating))[1]
 
-    def sweep(incoming):  # exact, one step after another: an iteration's fallback
-        def step(m, a):  # m: the tangent of the state before this step
-            h, x, rest_x, t_x = a
-            f = lambda p, h, x: _one_step(inputs, static, p, h, eqx.combine(x, rest_x))
-            m = jax.jvp(f, (inputs.params, h, x), (t.params, m, t_x))[1]
-            return m, m
+    def push_one(m, chunk):  # one chunk's `push`, for the exact sweep
+        s, floating_k, rest_k, t_k = chunk
 
-        before = _before(inputs, static, chunks.xs, starts)
-        return _sweep(step, incoming, (before, floating, rest, t_floating), False)
+        def end(p, s, x):
+            xs_k = eqx.combine(x, rest_k)
+            return _problem(inputs, static, p).scan(s, xs_k, emit=False)[1]
+
+        return jax.jvp(end, (inputs.params, s, floating_k), (t.params, m, t_k))[1]
 
     structure = solver.linearisation()
     jac = None if structure is None else chunks.linearise(structure, starts)
-    t_ends = boundary_solve(solver, jac, push, sweep, starts, t.h0)
+    per_chunk = (starts, floating, rest, t_floating)
+    t_ends = boundary_solve(solver, jac, push, push_one, per_chunk, t.h0)
     s_dot = shift_forward(t_ends, t.h0, solver.axis_name)
     runs = lambda *a: _runs(inputs, static, rest)(*a)[0]
     hs_dot = jax.jvp(runs, primal, (t.params, s_dot, t_floating))[1]
@@ -283,16 +252,12 @@ def _cotangent(inputs, static, solver, starts, ct_hs):
     nan = lambda x: jnp.zeros_like(x) + jnp.nan
     unknown = lambda: jax.tree_util.tree_map(nan, (primal[0], primal[2], starts[0]))
     structure = solver.linearisation()
+    per_chunk = (starts, chunks.xs, ct_chunks)
 
-    def sweep(incoming):  # exact, one step after another: an iteration's fallback
-        def step(g, a):  # g: the cotangent of the state after this step
-            h, x, ct = a
-            _, vjp = jax.vjp(lambda h: _one_step(inputs, static, None, h, x), h)
-            g = vjp(ct + g)[0]
-            return g, g
-
-        before = _before(inputs, static, chunks.xs, starts)
-        return _sweep(step, incoming, (before, chunks.xs, ct_chunks), True)
+    def pull_one(m, chunk):  # one chunk's `pull`, for the exact sweep
+        s, xs_k, ct_k = chunk
+        _, vjp = jax.vjp(lambda s: problem.scan(s, xs_k), s)
+        return vjp((ct_k, m))[0]
 
     def linearised(mu=None):
         # one linearisation of every chunk run, its residuals shared by every product:
@@ -303,7 +268,9 @@ def _cotangent(inputs, static, solver, starts, ct_hs):
             jac = None
             if structure is not None:
                 jac = chunks.linearise(structure, starts).transpose()
-            mu = boundary_solve(solver, jac, lambda m: pull(m)[1], sweep, starts, None)
+            mu = boundary_solve(
+                solver, jac, lambda m: pull(m)[1], pull_one, per_chunk, None
+            )
         ct_params, _, ct_xs = pull(shift_backward(mu, axis))
         return ct_params, ct_xs, mu[0]
 
@@ -319,7 +286,7 @@ def _cotangent(inputs, static, solver, starts, ct_hs):
         jac_t, rhs = structure.linearise(
             end_and_weighted, starts, (chunks.xs, ct_chunks), transposed=True
         )
-        mu = boundary_solve(solver, jac_t, None, sweep, starts, None, rhs=rhs)
+        mu = boundary_solve(solver, jac_t, None, pull_one, per_chunk, None, rhs=rhs)
         return lax.cond(finite_everywhere(mu, axis), lambda: linearised(mu), unknown)
 
     # Each stage runs in a conditional on what it needs (finite chunk starts, finite
@@ -337,7 +304,7 @@ def _cotangent(inputs, static, solver, starts, ct_hs):
     return _Inputs(ct_params, ct_xs, ct_h0)
 
 
-def boundary_solve(solver, jac, affine, sweep, like, edge, rhs=None):
+def boundary_solve(solver, jac, affine, affine_one, per_chunk, edge, rhs=None):
     """The boundary recurrence of a derivative, over the chunks: forward (the tangent,
     `edge` its value before the first chunk)
 
@@ -353,15 +320,15 @@ def boundary_solve(solver, jac, affine, sweep, like, edge, rhs=None):
         others precondition an iteration of exact products.
     - `affine`: `m -> r + L m` for every chunk at once, `(K, d) -> (K, d)` (not
         needed, None, when `jac` is exact and `rhs` given).
-    - `sweep`: `incoming -> y`, the exact recurrence one step after another over
-        this device's chunks, from the value that enters them (`y[-1]`, or `y[K]`):
-        what an iteration that does not converge falls back to.
-    - `like`: an array shaped and typed like `y`, `(K, d)`.
+    - `affine_one`: `(m, chunk) -> affine_k(m)` for one chunk (`chunk` a slice of
+        `per_chunk`): the exact sweep that an iteration falls back to.
+    - `per_chunk`: a pytree with a leading axis K, what `affine_one` reads.
     - `edge`: the tangent's initial value, or None for the adjoint.
     - `rhs`: `r`, if already known (else `affine(0)`).
     """
     axis = solver.axis_name
     reverse = edge is None
+    like = per_chunk[0]
     zero = jnp.zeros_like(like[0])
     edge = zero if reverse else edge
     if reverse:
@@ -378,12 +345,12 @@ def boundary_solve(solver, jac, affine, sweep, like, edge, rhs=None):
     if jac is not None and jac.exact:
         return solve(affine(jnp.zeros_like(like)) if rhs is None else rhs, edge)
     if jac is None:
-        step = lambda y: affine(shift(y))
+        sweep = lambda y: affine(shift(y))
     else:  # the structured part solved exactly, the rest iterated
-        step = lambda y: y + solve(affine(shift(y)) - y, zero)
+        sweep = lambda y: y + solve(affine(shift(y)) - y, zero)
 
     def body(y):
-        new = step(y)
+        new = sweep(y)
         size = everywhere(jnp.max(jnp.abs(new), initial=0.0), axis, lax.pmax)
         change = scaled_change(new, y, solver.rtol, solver.atol * size)
         return new, everywhere(change, axis, lax.pmax)
@@ -393,19 +360,26 @@ def boundary_solve(solver, jac, affine, sweep, like, edge, rhs=None):
     init = jnp.zeros_like(like)
     y, _, change = loop(body, init, solver.max_iters, like.real.dtype)
     return lax.cond(
-        change <= 1, lambda: y, lambda: _exact_sweep(sweep, edge, axis, reverse)
+        change <= 1,
+        lambda: y,
+        lambda: _exact_sweep(affine_one, per_chunk, edge, axis, reverse),
     )
 
 
-def _exact_sweep(sweep, edge, axis, reverse):
-    """`sweep` over this device's chunks from `edge`; across devices, each device
-    sweeps its block from its neighbour's last value, as many times as there are
-    devices."""
+def _exact_sweep(affine_one, per_chunk, edge, axis, reverse):
+    """`y[k] = affine_one(y[k -+ 1], chunk k)` chunk after chunk: exact, sequential
+    over the chunks. Across devices, each device sweeps its block from its
+    neighbour's last value, as many times as there are devices."""
+
+    def local(incoming):
+        step = lambda m, chunk: (lambda y: (y, y))(affine_one(m, chunk))
+        return lax.scan(step, incoming, per_chunk, reverse=reverse)[1]
+
     if axis is None:
-        return sweep(edge)
+        return local(edge)
     if reverse:
         incoming = lambda y: shift_backward(y, axis)[-1]
     else:
         incoming = lambda y: shift_forward(y, edge, axis)[0]
-    rounds = lambda _, y: sweep(incoming(y))
-    return lax.fori_loop(0, lax.psum(1, axis), rounds, sweep(edge))
+    rounds = lambda _, y: local(incoming(y))
+    return lax.fori_loop(0, lax.psum(1, axis), rounds, local(edge))

@@ -193,18 +193,20 @@ def test_vmap_of_grad():
         assert_allclose(g.u[i], g_ref.u)
 
 
+def _gradient_temp_bytes(cell, xs, h0, solver):
+    """XLA temp of the compiled gradient of `sum(hs)` with respect to the cell."""
+    f = eqx.filter_grad(
+        lambda c: jnp.sum(pscan.recurrence(c, xs, h0, solver=solver).hs)
+    )
+    compiled = jax.jit(lambda c: f(c)).lower(cell).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+
 def test_checkpointed_gradient_memory():
     """`Sequential(checkpoint=C)` keeps fewer residuals than plain autodiff of a scan."""
     cell, h0 = make_cell("elman", jnp.float32, n_in=8, n_hidden=16)
     xs = make_xs(4096, n_in=8, dtype=jnp.float32)
-
-    def temp_bytes(solver):
-        f = eqx.filter_grad(
-            lambda c: jnp.sum(pscan.recurrence(c, xs, h0, solver=solver).hs)
-        )
-        compiled = jax.jit(lambda c: f(c)).lower(cell).compile()
-        return compiled.memory_analysis().temp_size_in_bytes
-
+    temp_bytes = lambda solver: _gradient_temp_bytes(cell, xs, h0, solver)
     assert temp_bytes(pscan.Sequential(checkpoint=64)) < 0.75 * temp_bytes(
         pscan.Sequential()
     )
@@ -219,14 +221,7 @@ def test_gradient_memory_is_that_of_autodiff_through_a_scan(make):
     cell = eqx.nn.GRUCell(1, 32, key=jax.random.PRNGKey(0))
     h0 = jnp.zeros(32)
     xs = make_xs(4096, n_in=1, dtype=jnp.float32)
-
-    def temp_bytes(solver):
-        f = eqx.filter_grad(
-            lambda c: jnp.sum(pscan.recurrence(c, xs, h0, solver=solver).hs)
-        )
-        compiled = jax.jit(lambda c: f(c)).lower(cell).compile()
-        return compiled.memory_analysis().temp_size_in_bytes
-
+    temp_bytes = lambda solver: _gradient_temp_bytes(cell, xs, h0, solver)
     base = temp_bytes(pscan.Sequential())
     assert temp_bytes(make(chunk_size=64)) <= 1.1 * base
 

@@ -85,3 +85,22 @@ def test_protocol_fields_are_checked():
             axis_name: str | None = None
 
         NoStep()
+
+
+@pytest.mark.parametrize("n", [5, 20000])
+def test_scaled_change_of_nonfinite_entries_is_infinite(n):
+    """The iterations' measure of change (the derivatives' boundary iterations see
+    whatever their products give): a NaN or inf entry is never converged, at every
+    size (XLA CPU's vectorised max reduction can drop a NaN); no change is 0, also
+    where the scale is 0."""
+    from pscan._solvers._iterate import scaled_change
+
+    change = jax.jit(scaled_change)
+    old = jnp.linspace(-1.0, 1.0, n)
+    assert float(change(old, old, 0.0, 0.0)) == 0.0
+    assert_allclose(change(old + 1e-3, old, 0.0, 1e-3), 1.0)
+    for bad in (jnp.nan, jnp.inf, -jnp.inf):
+        for at in (0, n // 2, n - 1):
+            new = old.at[at].set(bad)
+            assert float(change(new, old, 1e-6, 1e-6)) == float("inf"), (bad, at)
+            assert float(change(new, new, 1e-6, 1e-6)) == float("inf"), (bad, at)

@@ -28,11 +28,14 @@ from ._chunks import Chunks
 
 def scaled_change(new, old, rtol, atol):
     """`max |new - old| / (atol + rtol |new|)`: converged when `<= 1`. No change is no
-    change even where the scale is 0 (`atol = 0` and `new = 0`)."""
+    change even where the scale is 0 (`atol = 0` and `new = 0`); a non-finite entry
+    is an infinite change (never converged)."""
     diff = jnp.abs(new - old)
     scale = atol + rtol * jnp.abs(new)
-    moved = diff > 0
+    moved = ~(diff <= 0)  # NaN moved
     ratio = jnp.where(moved, diff / jnp.where(moved, scale, 1), 0)
+    # inf, not NaN: XLA CPU's vectorised max reduction can drop a NaN
+    ratio = jnp.where(jnp.isnan(ratio), jnp.inf, ratio)
     return jnp.max(ratio, initial=0.0)
 
 

@@ -21,13 +21,12 @@ not compiled after 5 minutes on that TPU).
 """
 
 import argparse
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 from benchmarks.measure import (  # asv_bench/benchmarks
-    compile_timed,
+    compile_all,
     interleaved_medians,
     print_table,
 )
@@ -41,27 +40,16 @@ from benchmarks.scenarios import (
 )
 
 
-def compile_all(programs, *args):
-    """`{name: (compiled, compile_seconds)}`, each compile logged to stderr as it ends
-    (on an accelerator one program can take minutes or run out of memory)."""
-    out = {}
-    for name, fn in programs.items():
-        print(f"compiling {name} ...", end=" ", file=sys.stderr, flush=True)
-        out[name] = compile_timed(fn, *args)
-        print(f"{out[name][1]:.1f} s", file=sys.stderr, flush=True)
-    return out
-
-
 def linear_table(args):
     """Every method's forward and gradient against `lax.scan`'s, interleaved; then the
-    bandwidth of the chunked forward against a device copy of as many bytes."""
+    bandwidth of the chunked forward against that of a device copy of `b`."""
     a, b = linear_problem(args.length, args.hidden, batch=args.batch)
     programs = {
         (name, kind): fn
         for name in args.methods
         for kind, fn in linear_programs(name).items()
     }
-    compiled = compile_all(programs, a, b)
+    compiled = compile_all(programs, a, b, log=True)
     med = interleaved_medians(compiled, a, b, repeats=args.repeats)
     print(
         f"\n## Linear recurrence, T = {args.length}, batch {args.batch}, "
@@ -81,7 +69,7 @@ def linear_table(args):
 
     moved = a.nbytes + b.nbytes + b.nbytes  # read a, b; write hs
     # a copy of `b` reads and writes it, in the same shape and device layout
-    copy = compile_all({"copy": lambda x: x + 1}, b)
+    copy = compile_all({"copy": lambda x: x + 1}, b, log=True)
     copy_s = interleaved_medians(copy, b, repeats=args.repeats)["copy"]
     fwd_s = med["chunked", "fwd"]
     fwd_rate, copy_rate = moved / fwd_s, 2 * b.nbytes / copy_s
@@ -112,7 +100,7 @@ def gru_table(args):
         err = float(jnp.max(jnp.abs(sol.hs - reference)))
         solved[name] = (int(sol.stats["num_iterations"]), err)
         programs[name, "fwd"], programs[name, "grad"] = p["fwd"], p["grad"]
-    compiled = compile_all(programs, cell, xs)
+    compiled = compile_all(programs, cell, xs, log=True)
     med = interleaved_medians(compiled, cell, xs, repeats=args.repeats)
     print(f"\n## GRU 1 -> {args.hidden}, T = {args.gru_length}, float32, tol 1e-5\n")
     header = ["solver", "iterations", "max abs err", "fwd (ms)", "fwd speed-up"]

@@ -40,9 +40,18 @@ def temp_mib(compiled) -> float:
     return compiled.memory_analysis().temp_size_in_bytes / 2**20
 
 
-def compile_all(programs, *args):
-    """`{name: (compiled, compile_seconds)}` for a dict of programs on the same args."""
-    return {name: compile_timed(fn, *args) for name, fn in programs.items()}
+def compile_all(programs, *args, log=False):
+    """`{name: (compiled, compile_seconds)}` for a dict of programs on the same args;
+    with `log`, each compile is reported on stderr as it ends (on an accelerator one
+    program can take minutes or run out of memory)."""
+    out = {}
+    for name, fn in programs.items():
+        if log:
+            print(f"compiling {name} ...", end=" ", file=sys.stderr, flush=True)
+        out[name] = compile_timed(fn, *args)
+        if log:
+            print(f"{out[name][1]:.1f} s", file=sys.stderr, flush=True)
+    return out
 
 
 def interleaved_medians(compiled, *args, repeats):

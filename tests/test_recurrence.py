@@ -285,15 +285,10 @@ def test_fallback_gradient_is_exact(make):
     np.testing.assert_allclose(g.weight_hh, g_ref.weight_hh, rtol=1e-7, atol=1e-7)
     # and the tangent's iteration falls back to its exact sweep the same way
     t_xs = jnp.cos(jnp.arange(xs.size, dtype=xs.dtype)).reshape(xs.shape)
-    hs = lambda xs, h0, solver: pscan.recurrence(cell, xs, h0, solver=solver).hs
-    t = jax.jit(
-        lambda: jax.jvp(lambda x, h: hs(x, h, fb), (xs, h0), (t_xs, jnp.ones_like(h0)))[
-            1
-        ]
-    )()
-    t_ref = jax.jvp(
-        lambda x, h: scan_cell(cell, x, h), (xs, h0), (t_xs, jnp.ones_like(h0))
-    )[1]
+    tangents = (t_xs, jnp.ones_like(h0))
+    hs = lambda x, h: pscan.recurrence(cell, x, h, solver=fb).hs
+    t = jax.jit(lambda: jax.jvp(hs, (xs, h0), tangents)[1])()
+    t_ref = jax.jvp(lambda x, h: scan_cell(cell, x, h), (xs, h0), tangents)[1]
     np.testing.assert_allclose(t, t_ref, rtol=1e-7, atol=1e-7)
 
 

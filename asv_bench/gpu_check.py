@@ -17,7 +17,8 @@ of `tables.py linear` and `tables.py solvers`, compiled first, then timed in
 Each compile is logged to stderr as it ends. On a 16 GiB TPU v5e the default batch ran
 out of memory at compile time (XLA asked for 16 GiB of temporaries): use `--batch 4`
 there; `--methods` leaves methods out (the forward of `associative` at T = 524288 had
-not compiled after 5 minutes on that TPU).
+not compiled after 5 minutes on that TPU) or sweeps chunk sizes (`chunked:128`);
+`--batch 0` runs without a batch axis.
 """
 
 import argparse
@@ -43,7 +44,7 @@ from benchmarks.scenarios import (
 def linear_table(args):
     """Every method's forward and gradient against `lax.scan`'s, interleaved; then the
     bandwidth of the chunked forward against that of a device copy of `b`."""
-    a, b = linear_problem(args.length, args.hidden, batch=args.batch)
+    a, b = linear_problem(args.length, args.hidden, batch=args.batch or None)
     programs = {
         (name, kind): fn
         for name in args.methods
@@ -52,7 +53,7 @@ def linear_table(args):
     compiled = compile_all(programs, a, b, log=True)
     med = interleaved_medians(compiled, a, b, repeats=args.repeats)
     print(
-        f"\n## Linear recurrence, T = {args.length}, batch {args.batch}, "
+        f"\n## Linear recurrence, T = {args.length}, batch {args.batch or 'none'}, "
         f"d = {args.hidden}, float32 (speed-up = lax.scan time / method time)\n"
     )
     header = ["method", "fwd (ms)", "fwd speed-up", "fwd compile (s)", "grad (ms)"]
@@ -71,10 +72,13 @@ def linear_table(args):
     # a copy of `b` reads and writes it, in the same shape and device layout
     copy = compile_all({"copy": lambda x: x + 1}, b, log=True)
     copy_s = interleaved_medians(copy, b, repeats=args.repeats)["copy"]
-    fwd_s = med["chunked", "fwd"]
+    chunked = [m for m in args.methods if m.partition(":")[0] == "chunked"]
+    if not chunked:
+        return
+    fwd_s = med[chunked[0], "fwd"]
     fwd_rate, copy_rate = moved / fwd_s, 2 * b.nbytes / copy_s
     print(
-        f"\n## Bandwidth of the chunked forward\n\n"
+        f"\n## Bandwidth of the {chunked[0]} forward\n\n"
         f"moves {moved / 2**20:.0f} MiB in {fwd_s * 1e3:.2f} ms = "
         f"{fwd_rate / 1e9:.0f} GB/s; a device copy of `b` moves "
         f"{2 * b.nbytes / 2**20:.0f} MiB in {copy_s * 1e3:.2f} ms = "
@@ -115,6 +119,15 @@ def gru_table(args):
     print_table(header, rows)
 
 
+def _method(name):
+    method, _, chunk = name.partition(":")
+    if name in LINEAR_METHODS or (method == "chunked" and chunk.isdigit()):
+        return name
+    raise argparse.ArgumentTypeError(
+        f"{name!r}: not one of {LINEAR_METHODS} or chunked:C"
+    )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--length", type=int, default=524288)
@@ -124,7 +137,11 @@ def main():
     parser.add_argument("--chunk", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
-        "--methods", nargs="+", choices=LINEAR_METHODS, default=list(LINEAR_METHODS)
+        "--methods",
+        nargs="+",
+        type=_method,
+        default=list(LINEAR_METHODS),
+        help=f"of {LINEAR_METHODS}, or chunked:C for a chunk size C",
     )
     args = parser.parse_args()
 

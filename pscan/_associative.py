@@ -227,7 +227,8 @@ def associative_scan(
         chunks from their true starts: depth `O(C + log(T / C))`, and nothing
         `T`-long kept besides the input and the output, where `"associative"` keeps
         about twice the input).
-    - `chunk_size`: steps per chunk for `"chunked"` (default 64).
+    - `chunk_size`: steps per chunk for `"chunked"` (default: 64 on CPU, 128 on
+        accelerators).
     - `axis_name`: inside `shard_map`, the mesh axis that splits time: `elems` is this
         device's block of consecutive steps, and the result this device's block of
         the global scan (one `all_gather` of the block totals).

@@ -90,7 +90,9 @@ def test_chunked_hypothesis(length, chunk_size, state, kind, reverse, seed):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_broadcast_coefficients(method):
-    """`a` as a scalar, per channel, per step, and with a length-1 time axis."""
+    """`a` as a scalar, per channel, per step, with a length-1 time axis, and per step
+    and channel shared by a batch axis (the chunked method makes the state axes one
+    in all but the last case)."""
     _, b, h0 = make_linear_problem(1, 50, (2, 3))
     for a in (
         0.9,
@@ -99,6 +101,7 @@ def test_broadcast_coefficients(method):
         np.full((50, 1, 1), 0.7),
         np.linspace(0.1, 0.9, 3),
         np.full((1, 2, 3), 0.6),
+        np.linspace(0.2, 0.9, 150).reshape(50, 1, 3),  # T-long, shared by axis 1
     ):
         hs = pscan.linear_recurrence(a, b, h0, **_kwargs(method))
         assert_allclose(hs, reference_linear(np.asarray(a), b, h0))
@@ -275,7 +278,12 @@ def test_second_order(method):
 def test_grad_broadcast_coefficients(method):
     """Gradients of shared coefficients are summed over the axes they are shared by."""
     _, b, h0 = make_linear_problem(11, 20, (2, 3))
-    for a in (jnp.asarray(0.9), jnp.full((3,), 0.8), jnp.full((20, 1, 1), 0.7)):
+    for a in (
+        jnp.asarray(0.9),
+        jnp.full((3,), 0.8),
+        jnp.full((20, 1, 1), 0.7),
+        jnp.linspace(0.2, 0.9, 60).reshape(20, 1, 3),
+    ):
         g = jax.grad(
             lambda a: jnp.sum(pscan.linear_recurrence(a, b, h0, **_kwargs(method)) ** 2)
         )(a)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, PyTree
 
+from .._associative import fold
 from .._chunking import to_chunks
 from .._finite import finite_along
 from .._solution import RESULTS
@@ -111,6 +112,34 @@ class Problem(eqx.Module):
 
         h_final, hs = lax.scan(body, h0, xs, unroll=unroll)
         return hs, h_final
+
+    def scan_chunks(self, starts: Array, xs: PyTree[Array]) -> Array:
+        """Every chunk's states, each chunk from its start: `jax.vmap(self.scan)` in
+        value, but run as one loop over the steps of all chunks at once, reading and
+        writing the `(K, C, ...)` layout in place (`fold`). The vectorised scan's
+        layout is `(C, K, ...)`, so its states cost one more T-long copy to read out
+        (`vmap(scan)` stays what derivatives use: autodiff through this loop is
+        slower and heavier).
+
+        **Arguments:**
+
+        - `starts`: the chunk starts, `(K, d)`.
+        - `xs`: the inputs in chunks, leading axes `(K, C)`.
+
+        **Returns:**
+
+        The states `(K, C, d)`.
+        """
+        params = self.params
+        if self.project is not None:
+            xs = jax.vmap(jax.vmap(lambda x: self.project(params, x)))(xs)
+        advance = jax.vmap(lambda h, z: self.step(params, z, h))
+
+        def step(h, z):
+            h = advance(h, z)
+            return h, h
+
+        return fold(step, starts, xs, axis=1, reverse=False)[0]
 
 
 def chunk_xs(problem: Problem, chunk_size: int) -> PyTree[Array]:

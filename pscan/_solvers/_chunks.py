@@ -126,5 +126,6 @@ class Chunks(eqx.Module):
 
         The states `(T, d)` (the padding of the last chunk left out).
         """
-        hs, _ = jax.vmap(self.problem.scan)(starts, self.xs)
-        return from_chunks(hs, self.problem.length)
+        return from_chunks(
+            self.problem.scan_chunks(starts, self.xs), self.problem.length
+        )

@@ -115,11 +115,10 @@ class Problem(eqx.Module):
 
     def scan_chunks(self, starts: Array, xs: PyTree[Array]) -> Array:
         """Every chunk's states, each chunk from its start: `jax.vmap(self.scan)` in
-        value, but run as one loop over the steps of all chunks at once, reading and
-        writing the `(K, C, ...)` layout in place (`fold`). The vectorised scan's
-        layout is `(C, K, ...)`, so its states cost one more T-long copy to read out
-        (`vmap(scan)` stays what derivatives use: autodiff through this loop is
-        slower and heavier).
+        value, but run as one loop over the steps of all chunks at once that reads
+        and writes the `(K, C, ...)` layout in place. (A vectorised `lax.scan` writes
+        `(C, K, ...)`, one more T-long copy to read out; it stays what derivatives
+        use: autodiff through this loop measured slower and heavier.)
 
         **Arguments:**
 

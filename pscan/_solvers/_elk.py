@@ -42,8 +42,10 @@ class _Dense:
         return jnp.linalg.solve(m, b)
 
     @staticmethod
-    def solve_v(m, v):
-        return jnp.linalg.solve(m, v[..., None])[..., 0]
+    def solve_three(m, a, c, v):  # m^{-1} a, m^{-1} c, m^{-1} v: one factorisation
+        d = a.shape[-1]
+        x = jnp.linalg.solve(m, jnp.concatenate([a, c, v[..., None]], axis=-1))
+        return x[..., :d], x[..., d : 2 * d], x[..., 2 * d]
 
 
 class _Diagonal:
@@ -54,7 +56,7 @@ class _Diagonal:
     t = staticmethod(lambda a: a)
     eye = staticmethod(jnp.ones_like)
     solve = staticmethod(lambda m, b: b / m)
-    solve_v = staticmethod(lambda m, v: v / m)
+    solve_three = staticmethod(lambda m, a, c, v: (a / m, c / m, v / m))
 
 
 # the Kalman smoother's algebra for each Jacobian structure
@@ -96,12 +98,12 @@ def _kalman(alg, jac, ends, starts, y, kappa, method, smooth):
         a1, b1, c1, eta1, j1 = e1
         a2, b2, c2, eta2, j2 = e2
         m = alg.eye(c1) + alg.mm(c1, j2)
-        w = alg.solve(
-            m, a1
-        )  # (I + C1 J2)^{-1} A1; its transpose is A1^T (I + J2 C1)^{-1}
+        # (I + C1 J2)^{-1} applied to A1, C1 and b1 + C1 eta2; the transpose of
+        # w = (I + C1 J2)^{-1} A1 is A1^T (I + J2 C1)^{-1}
+        w, mc, mb = alg.solve_three(m, a1, c1, b1 + alg.mv(c1, eta2))
         a12 = alg.mm(a2, w)
-        b12 = alg.mv(a2, alg.solve_v(m, b1 + alg.mv(c1, eta2))) + b2
-        c12 = alg.mm(alg.mm(a2, alg.solve(m, c1)), alg.t(a2)) + c2
+        b12 = alg.mv(a2, mb) + b2
+        c12 = alg.mm(alg.mm(a2, mc), alg.t(a2)) + c2
         eta12 = alg.mv(alg.t(w), eta2 - alg.mv(j2, b1)) + eta1
         j12 = alg.mm(alg.mm(alg.t(w), j2), a1) + j1
         return a12, b12, c12, eta12, j12

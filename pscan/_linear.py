@@ -467,7 +467,9 @@ def linear_recurrence(
     - `method`: `"sequential"` (`lax.scan`), `"associative"` (`lax.associative_scan`),
         `"chunked"` (sequential inside chunks of `chunk_size` steps, vectorised across
         chunks, associative scan over chunk summaries), or `"auto"`: sequential on CPU and
-        chunked on accelerators (measured; see the benchmarks page). `"auto"` with a
+        chunked on accelerators, except up to 2048 steps on a TPU, where the loop is
+        as fast and compiles in a third of the time (measured; see the benchmarks
+        page). `"auto"` with a
         `chunk_size` means chunked.
     - `chunk_size`: steps per chunk for `"chunked"`; defaults to the fastest measured
         for the backend: 64 on CPU, 128 on accelerators (see the benchmarks page).
@@ -612,7 +614,7 @@ def linear_recurrence(
     )
     a, b = _masked(a, b, h0, restart, valid, dense)
     if method == "auto":
-        method = auto_method()
+        method = auto_method(steps)
     if method == "chunked" and chunk_size is None:
         chunk_size = default_chunk_size(steps)
     if method != "chunked":

@@ -119,8 +119,26 @@ def test_auto_method():
     # `auto` with a chunk size means chunked
     hs = pscan.linear_recurrence(a, b, h0, chunk_size=7)
     assert_allclose(hs, reference_linear(a, b, h0))
-    expected = "sequential" if jax.default_backend() == "cpu" else "chunked"
+    expected = "chunked" if jax.default_backend() == "gpu" else "sequential"
     jaxpr = jax.make_jaxpr(lambda a, b: pscan.linear_recurrence(a, b))(a, b)
+    assert f"method={expected}" in str(jaxpr)
+
+
+@pytest.mark.parametrize(
+    "backend, length, expected",
+    [
+        ("cpu", 5000, "sequential"),
+        ("tpu", 2048, "sequential"),
+        ("tpu", 2049, "chunked"),
+        ("gpu", 40, "chunked"),
+    ],
+)
+def test_auto_method_by_backend_and_length(monkeypatch, backend, length, expected):
+    # the rule as measured (docs/benchmarks.md), traced only: nothing runs on the
+    # pretended backend
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    b = jnp.zeros((length, 2))
+    jaxpr = jax.make_jaxpr(lambda b: pscan.linear_recurrence(0.5, b))(b)
     assert f"method={expected}" in str(jaxpr)
 
 

@@ -196,8 +196,8 @@ class ELK(AbstractShootingSolver):
         (and flag `stats["fell_back"]`) when not converged.
     - `method`: how the Kalman filter and smoother scan the chunks, as
         `pscan.associative_scan` does: `"sequential"`, `"associative"`, `"chunked"`,
-        or `"auto"` (sequential on CPU, chunked on accelerators, as
-        `pscan.linear_recurrence` chooses).
+        or `"auto"` (as `pscan.linear_recurrence` chooses for `K` steps: sequential
+        on CPU and up to 2048 chunks on a TPU, chunked otherwise).
     - `axis_name`: must be None (ELK across devices is not implemented).
     """
 
@@ -306,7 +306,7 @@ class ELK(AbstractShootingSolver):
         known = (exact | after_exact)[1:]
         y = jnp.where(after_exact[:, None], implied, starts)[1:]
         kappa = jnp.where(known, 1.0, 1 / (1 + radius)).astype(radius.dtype)
-        method = auto_method() if self.method == "auto" else self.method
+        method = auto_method(len(starts)) if self.method == "auto" else self.method
         coefficients = operator.coefficients()[:-1]  # the last chunk's is not used
         steps = _kalman(
             alg, coefficients, ends, starts, y, kappa, method, self._smoother

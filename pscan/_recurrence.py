@@ -100,6 +100,17 @@ def recurrence(
             f"pscan.recurrence: `solver` must be a pscan solver (Sequential, Picard, Newton), "
             f"got {solver!r}"
         )
+    args = (cell, xs, h0, solver, throw, guess, reverse, resets, length)
+    precision = solver.matrix_precision()
+    if precision is None:
+        return _recurrence(*args)
+    # the cell (closure conversion included), the solve and its derivative rules are
+    # all traced here: under the solver's precision
+    with jax.default_matmul_precision(precision):
+        return _recurrence(*args)
+
+
+def _recurrence(cell, xs, h0, solver, throw, guess, reverse, resets, length):
     leaves = jax.tree_util.tree_leaves(xs)
     if not leaves or any(jnp.ndim(x) == 0 for x in leaves):
         raise ValueError(

@@ -157,6 +157,27 @@ class ElmanCell(eqx.Module):
         return jnp.tanh(self.w @ x + self.u @ h + self.bias)
 
 
+def dot_precisions(fn, *args) -> list:
+    """The `precision` of every matrix product in the jaxpr of `fn(*args)`, inside
+    loops, conditionals and custom rules too (None: the default precision)."""
+    found = []
+
+    def visit(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "dot_general":
+                precision = eqn.params["precision"]
+                found.append(precision if precision is None else tuple(precision))
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (tuple, list)) else (value,):
+                    if hasattr(sub, "eqns"):
+                        visit(sub)
+                    elif hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):
+                        visit(sub.jaxpr)
+
+    visit(jax.make_jaxpr(fn)(*args).jaxpr)
+    return found
+
+
 def to_dtype(tree, dtype):
     """Casts every floating array of a pytree (e.g. an Equinox cell) to `dtype`."""
     return jax.tree_util.tree_map(

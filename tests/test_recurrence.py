@@ -13,6 +13,7 @@ from .helpers import (
     ElmanCell,
     assert_allclose,
     assert_exact_derivatives,
+    dot_precisions,
     scan_cell,
     to_dtype,
 )
@@ -729,3 +730,46 @@ def test_cell_closing_over_parameters(solver):
     batch = jnp.stack([w, -w])
     g = eqx.filter_jit(jax.vmap(jax.grad(loss), in_axes=(0, None)))(batch, ours)
     assert_allclose(g[1], grad(-w, exact))
+
+
+@pytest.mark.parametrize("kind", ["module", "function"])
+@pytest.mark.parametrize(
+    "solver, highest",
+    [
+        (pscan.Newton(chunk_size=4), True),
+        (pscan.Newton(chunk_size=4, jacobian="diagonal"), True),
+        (pscan.ELK(chunk_size=4), True),
+        (pscan.Newton(chunk_size=4, precision=None), False),
+        (pscan.Picard(chunk_size=4), False),
+        (pscan.Sequential(), False),
+    ],
+)
+def test_linearising_solvers_run_the_cell_at_full_precision(kind, solver, highest):
+    # the cell's products inside the solve and its gradient take the solver's
+    # precision: on a TPU the default (bfloat16 passes) spoils Newton's Jacobians. A
+    # function cell is traced (closure-converted) under it too. On CPU the precision
+    # changes no number; the jaxpr says what runs on an accelerator
+    gru = eqx.nn.GRUCell(1, 4, key=jax.random.PRNGKey(0))
+    w = jnp.full((4, 4), 0.1)
+    cell = gru if kind == "module" else (lambda x, h: jnp.tanh(w @ h + x))
+    xs, h0 = jnp.ones((10, 1)), jnp.zeros(4)
+    states = lambda xs: pscan.recurrence(cell, xs, h0, solver=solver).hs
+    grad = jax.grad(lambda xs: jnp.sum(states(xs) ** 2))
+    full = (jax.lax.Precision.HIGHEST,) * 2
+    for fn in (states, grad):
+        precisions = dot_precisions(fn, xs)
+        assert precisions
+        if highest:
+            assert all(p == full for p in precisions)
+        else:  # the caller's default, but for pscan's own linear algebra
+            assert None in precisions
+    # the states are the same on CPU
+    assert_allclose(states(xs), scan_cell(cell, xs, h0), jnp.float32)
+
+
+def test_precision_is_checked():
+    for solver in (pscan.Newton, pscan.ELK):
+        with pytest.raises(ValueError, match="precision"):
+            solver(precision="very high")
+    assert pscan.Newton(precision="float32").matrix_precision() == "float32"
+    assert pscan.Picard().matrix_precision() is None

@@ -171,6 +171,18 @@ class AbstractSolver(eqx.Module):
         time (`pscan.recurrence` leaves that check to the solver).
         """
 
+    def matrix_precision(self) -> str | None:
+        """The default precision of float32 matrix products while this solver solves
+        (`jax.default_matmul_precision`'s values): `pscan.recurrence` traces the cell,
+        the solve and its derivatives under it. Products given a precision of their
+        own keep it.
+
+        **Returns:**
+
+        A precision name, or None (the default): the caller's.
+        """
+        return None
+
 
 def finite_result(hs: Array) -> tuple[Array, RESULTS]:
     """`(finite, result)` for states that are the answer as they stand: the one rule
@@ -193,6 +205,22 @@ def check_positive_int(owner: str, name: str, value, allow_none: bool = False):
         raise ValueError(
             f"pscan.{owner}: `{name}` must be a positive int, got {value!r}"
         )
+
+
+def check_precision(owner: str, value):
+    """Raises a `ValueError` naming `owner.precision` unless `value` is None or a value
+    of `jax.default_matmul_precision`."""
+    if value is None:
+        return
+    try:
+        with jax.default_matmul_precision(value):
+            pass
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"pscan.{owner}: `precision` must be None or a value of "
+            f"`jax.default_matmul_precision` ('highest', 'float32', 'default', ...), "
+            f"got {value!r}"
+        ) from e
 
 
 def check_tolerance(owner: str, name: str, value):

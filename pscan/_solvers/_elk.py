@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from .._associative import SCAN_METHODS, associative_scan, auto_method
 from .._finite import all_along, finite_along
-from ._base import as_python
+from ._base import as_python, check_precision
 from ._jacobian import STRUCTURES, DenseJacobian, DiagonalJacobian
 from ._newton import newton_starts
 from ._shooting import AbstractShootingSolver
@@ -199,6 +199,10 @@ class ELK(AbstractShootingSolver):
         or `"auto"` (as `pscan.linear_recurrence` chooses for `K` steps: sequential
         on CPU and up to 2048 chunks on a TPU, chunked otherwise).
     - `axis_name`: must be None (ELK across devices is not implemented).
+    - `precision`: the precision of the cell's float32 matrix products while it
+        solves, `"highest"` by default (see `pscan.Newton`: at a TPU's default
+        precision ELK took 498 iterations instead of 10 on a mildly chaotic cell at
+        T = 500); None: the caller's.
     """
 
     chunk_size: int = eqx.field(static=True, default=1, converter=as_python)
@@ -212,6 +216,7 @@ class ELK(AbstractShootingSolver):
     fallback: str | None = eqx.field(static=True, default=None)
     method: str = eqx.field(static=True, default="auto")
     axis_name: str | None = eqx.field(static=True, default=None)
+    precision: str | None = eqx.field(static=True, default="highest")
     name: ClassVar[str] = "ELK"
 
     def __check_init__(self):
@@ -242,6 +247,10 @@ class ELK(AbstractShootingSolver):
             )
         if self.axis_name is not None:
             raise ValueError("pscan.ELK: `axis_name` is not supported yet")
+        check_precision("ELK", self.precision)
+
+    def matrix_precision(self):
+        return self.precision
 
     def linearisation(self):
         return STRUCTURES[self.jacobian]

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 
 from .._finite import finite_along
 from .._linear import linear_recurrence
-from ._base import as_python
+from ._base import as_python, check_precision
 from ._jacobian import STRUCTURES
 from ._shooting import AbstractShootingSolver
 
@@ -49,6 +49,13 @@ class Newton(AbstractShootingSolver):
     - `axis_name`: inside `shard_map`, the mesh axis that splits time (each device
         holds a block of consecutive steps, a multiple of `chunk_size`); boundary
         states cross devices once per iteration. See `pscan.sharded_recurrence`.
+    - `precision`: the precision of the cell's float32 matrix products while it
+        solves (a value of `jax.default_matmul_precision`), `"highest"` by default:
+        Newton's convergence needs accurate Jacobians, and on a TPU (or a GPU with
+        TF32) the default products are rounded to about three digits (DEER took 493
+        iterations instead of 74 on a mildly chaotic cell at T = 500 on a TPU v5e;
+        on a contractive GRU full precision cost 1.7x the time: see the benchmarks
+        page). None: the caller's precision. No effect on CPU.
     """
 
     chunk_size: int = eqx.field(static=True, default=1, converter=as_python)
@@ -59,6 +66,7 @@ class Newton(AbstractShootingSolver):
     atol: float = eqx.field(static=True, default=1e-6, converter=as_python)
     fallback: str | None = eqx.field(static=True, default=None)
     axis_name: str | None = eqx.field(static=True, default=None)
+    precision: str | None = eqx.field(static=True, default="highest")
     name: ClassVar[str] = "Newton"
 
     def __check_init__(self):
@@ -69,6 +77,10 @@ class Newton(AbstractShootingSolver):
         d = self.damping
         if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d < 1:
             raise ValueError(f"pscan.Newton: `damping` must be in [0, 1), got {d!r}")
+        check_precision("Newton", self.precision)
+
+    def matrix_precision(self):
+        return self.precision
 
     def linearisation(self):
         return STRUCTURES[self.jacobian]

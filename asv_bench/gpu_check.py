@@ -9,8 +9,10 @@ of `tables.py linear` and `tables.py solvers`, compiled first, then timed in
 
 1. the linear recurrence `h[t] = a[t] * h[t-1] + b[t]` on (T, batch, d), forward and
    gradient with respect to (a, b), for every method (target on an H200: >= 100x);
-2. a GRU cell 1 -> d: chunked `pscan.Newton` against `pscan.Sequential` (a plain
-   `lax.scan`), forward and gradient (target: >= 10x);
+2. a GRU cell 1 -> d: chunked `pscan.Newton` and `pscan.Picard` against
+   `pscan.Sequential` (a plain `lax.scan`), forward and gradient (target: >= 10x), as
+   users run them and also with `throw=False` (the run-time check's cost) and Newton
+   at the backend's default matrix precision (`precision=None`);
 3. the achieved bandwidth of the chunked forward: the bytes it must move (read a and b,
    write hs) over its time, against that of a device copy of b (target: >= 50%).
 
@@ -22,6 +24,7 @@ not compiled after 5 minutes on that TPU) or sweeps chunk sizes (`chunked:128`);
 """
 
 import argparse
+import dataclasses
 import time
 
 import jax
@@ -88,18 +91,31 @@ def linear_table(args):
 
 
 def gru_table(args):
-    """Chunked Newton and Picard against `Sequential` (a plain `lax.scan`)."""
+    """Chunked Newton and Picard against `Sequential` (a plain `lax.scan`), as users
+    run them (`throw=True`, Newton at its default `precision="highest"`), and without
+    the run-time check (`throw=False`: on a TPU it cost ~2.3 ms a call) or at the
+    backend's default matrix precision (`precision=None`)."""
     cell, xs, h0 = gru_problem(args.gru_length, args.hidden)
     every = gru_solvers(chunk=args.chunk)
-    names = [
-        "Sequential",
+    newton, picard = (
         f"Newton(chunk_size={args.chunk})",
         f"Picard(chunk_size={args.chunk})",
-    ]
+    )
+    candidates = {
+        "Sequential": (every["Sequential"], True),
+        newton: (every[newton], True),
+        picard: (every[picard], True),
+        f"{newton}, throw=False": (every[newton], False),
+        f"{picard}, throw=False": (every[picard], False),
+        f"{newton[:-1]}, precision=None)": (
+            dataclasses.replace(every[newton], precision=None),
+            True,
+        ),
+    }
     reference = jax.jit(solver_programs(every["Sequential"], h0)["fwd"])(cell, xs)
     programs, solved = {}, {}
-    for name in names:
-        p = solver_programs(every[name], h0)
+    for name, (solver, throw) in candidates.items():
+        p = solver_programs(solver, h0, throw=throw)
         sol = jax.jit(p["solve"])(cell, xs)
         err = float(jnp.max(jnp.abs(sol.hs - reference)))
         solved[name] = (int(sol.stats["num_iterations"]), err)

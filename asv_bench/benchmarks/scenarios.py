@@ -109,11 +109,12 @@ def gru_solvers(chunk=256, tol=1e-5):
     }
 
 
-def solver_programs(solver, h0):
+def solver_programs(solver, h0, throw=True):
     """`{"fwd": hs(cell, xs), "grad": d sum(hs) / d cell, "grad_sq": d sum(hs**2) /
     d cell, "solve": Solution}`: the states and gradients as a user runs them (the
-    default `throw=True`), the `Solution` with `throw=False` to read its result."""
-    hs = lambda c, xs: pscan.recurrence(c, xs, h0, solver=solver).hs
+    default `throw=True`, unless told), the `Solution` with `throw=False` to read its
+    result."""
+    hs = lambda c, xs: pscan.recurrence(c, xs, h0, solver=solver, throw=throw).hs
     grad = eqx.filter_grad(lambda c, xs: jnp.sum(hs(c, xs)))
     grad_sq = eqx.filter_grad(lambda c, xs: jnp.sum(hs(c, xs) ** 2))
     return {

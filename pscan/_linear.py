@@ -469,8 +469,7 @@ def linear_recurrence(
         chunks, associative scan over chunk summaries), or `"auto"`: sequential on CPU and
         chunked on accelerators, except up to 2048 steps on a TPU, where the loop is
         as fast and compiles in a third of the time (measured; see the benchmarks
-        page). `"auto"` with a
-        `chunk_size` means chunked.
+        page). `"auto"` with a `chunk_size` means chunked.
     - `chunk_size`: steps per chunk for `"chunked"`; defaults to the fastest measured
         for the backend: 64 on CPU, 128 on accelerators (see the benchmarks page).
     - `axis_name`: inside `shard_map`, the mesh axis that splits time: `a` (unless

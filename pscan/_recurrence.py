@@ -56,8 +56,11 @@ def recurrence(
         closed-over arrays are then parameters too (`eqx.filter_closure_convert`).
     - `xs`: a pytree of arrays with a common leading time axis of length `T >= 1`.
     - `h0`: the initial state, a pytree of floating arrays.
-    - `solver`: `pscan.Sequential()` (default, exact), `pscan.Picard(...)` or
-        `pscan.Newton(...)`.
+    - `solver`: `pscan.Sequential()` (default, exact), `pscan.Picard(...)`,
+        `pscan.Newton(...)` or `pscan.ELK(...)`. The whole solve (the cell, its
+        derivatives) is traced under the solver's matrix precision
+        (`solver.matrix_precision()`: `"highest"` for Newton and ELK, whose Jacobians
+        need it; the caller's for the others).
     - `guess`: a warm start for the iterative solvers, a pytree like `hs` (leading
         axis `T`): for instance the states of the last training step, so that the
         next solve starts close to its answer. Only its states at chunk boundaries

@@ -15,12 +15,18 @@ the iterations:
 Both boundary recurrences are one `boundary_solve`, with the Jacobian structure the
 solver names (`solver.linearisation()`): an exact one (`DenseJacobian`) solved at once
 with `pscan.linear_recurrence`, an approximate one (`DiagonalJacobian`) as the
-preconditioner of an iteration, none (Picard) by iterating products with `J` alone; an
-iteration that does not converge falls back to an exact sweep over the chunks.
+preconditioner of an iteration, none (Picard) by iterating products with `J` alone.
+Iteration `n` makes `n` chunks exact, so the iteration goes on until it converges, at
+most K + 1 times (exact after K, in parallel; no second copy of the cell in the
+program); with `fallback="sequential"` it stops after `max_iters` and falls back to
+an exact sequential sweep over the chunks.
 
 `_run` is a `custom_jvp` whose tangent is `_tangent`, handed to
-`lax.custom_linear_solve` together with `_cotangent` as its transpose: reverse mode
-saves only the inputs and the chunk starts and recomputes in the backward pass.
+`lax.custom_linear_solve` together with `_cotangent` as its transpose. Reverse mode
+saves the residuals of the chunk runs that gave the states (Picard, diagonal
+Jacobians), or only the inputs and the chunk starts and linearises anew in the
+backward pass (exact Jacobians, whose forward-mode pass must not run while residuals
+are held; `fallback="sequential"`).
 
 Memory: the backward keeps the per-step residuals of one linearisation of the chunk
 runs (those of autodiff through `lax.scan`) and never, at the same time, the forward's
@@ -44,7 +50,7 @@ from .._chunking import from_chunks, to_chunks
 from .._finite import finite_everywhere
 from .._linear import linear_recurrence
 from .._solution import RESULTS
-from ._base import Problem, finite_result
+from ._base import Problem, chunk_xs, finite_result
 from ._chunks import Chunks
 from ._iterate import loop, scaled_change
 
@@ -121,16 +127,25 @@ def _run_jvp(primals, tangents):
     """The implicit tangent, a linear map of the inputs' tangents whose transpose is
     the implicit adjoint. `lax.custom_linear_solve` carries the pair: with the
     identity as its matrix it is "a linear map with its own transpose" that JAX can
-    batch, transpose and lower anywhere; reverse mode saves only the inputs and the
-    chunk starts, and recomputes in the backward pass."""
+    batch, transpose and lower anywhere. Where it can (below), the adjoint closes
+    over the residuals of the linearisation of the chunk runs that gave the states:
+    reverse mode keeps them from the forward pass, as autodiff through `lax.scan`
+    keeps its own."""
     inputs, static, solver, starts, fell_back = primals
-    hs, starts = _run_chunks(inputs, static, solver, starts, fell_back)
+    # the states come from the one linearisation of the chunk runs that the adjoint
+    # uses: reverse mode keeps its residuals (those of autodiff through `lax.scan`),
+    # never runs the chunks twice, and has one copy of them fewer to compile. Not
+    # with exact Jacobians: their forward-mode pass in the backward would then run
+    # while the residuals are held (Newton(chunk_size=64), GRU 1 -> 32: 1.31x the
+    # XLA temp of autodiff through `lax.scan`); nor after a fallback, whose states
+    # are the sequential loop's own, bit for bit. There the adjoint linearises anew
+    structure = solver.linearisation()
+    exact = structure is not None and structure.exact
+    keep = solver.fallback is None and not exact
+    if not keep:
+        hs, starts = _run_chunks(inputs, static, solver, starts, fell_back)
     t_inputs = tangents[0]  # None where the tangent is a symbolic zero
     is_none = lambda t: t is None
-    # every operand of `custom_linear_solve` must be linear in the tangents, the
-    # placeholder for the states' tangent too: zero times one tangent
-    first = jax.tree_util.tree_leaves(t_inputs)[0]
-    placeholder = jnp.zeros_like(hs) + (0 * jnp.sum(first)).real.astype(hs.dtype)
 
     # `custom_linear_solve` traces both maps now and runs them later: inside
     # `shard_map` (variance checks on) the residuals they close over are then typed
@@ -140,6 +155,17 @@ def _run_jvp(primals, tangents):
     # `custom_linear_solve` would differentiate its maps as if they were an inverse
     # (through the matrix only): a second derivative would silently miss terms
     inputs, starts = jax.tree_util.tree_map(_first_order_only, (inputs, starts))
+    vjp = None
+    if keep:
+        problem = _problem(inputs, static)
+        floating, rest = _split_xs(chunk_xs(problem, solver.chunk_size))
+        primal = (inputs.params, starts, floating)
+        (hs_chunks, _), vjp = jax.vjp(_runs(inputs, static, rest), *primal)
+        hs = from_chunks(hs_chunks, problem.length)
+    # every operand of `custom_linear_solve` must be linear in the tangents, the
+    # placeholder for the states' tangent too: zero times one tangent
+    first = jax.tree_util.tree_leaves(t_inputs)[0]
+    placeholder = jnp.zeros_like(hs) + (0 * jnp.sum(first)).real.astype(hs.dtype)
 
     def forward(_, b):
         zeros = lambda t, x: (
@@ -150,7 +176,7 @@ def _run_jvp(primals, tangents):
         return jax.tree_util.tree_map(jnp.zeros_like, b[0]), t_hs
 
     def transpose(_, ct):
-        ct_inputs = _cotangent(inputs, static, solver, starts, ct[1])
+        ct_inputs = _cotangent(inputs, static, solver, starts, vjp, ct[1])
         keep = lambda t, c: None if is_none(t) else c
         ct_inputs = jax.tree_util.tree_map(keep, t_inputs, ct_inputs, is_leaf=is_none)
         return ct_inputs, jnp.zeros_like(ct[1])
@@ -238,10 +264,12 @@ def _varying(x, axis_name):
     return varying(x, axis_name)
 
 
-def _cotangent(inputs, static, solver, starts, ct_hs):
+def _cotangent(inputs, static, solver, starts, vjp, ct_hs):
     """The implicit adjoint: the cotangents (an `_Inputs`) of the inputs for the
     cotangent `ct_hs` of the states. (Across devices, the cotangent of a replicated
-    input is summed over them by JAX's transposition of the `custom_linear_solve`.)"""
+    input is summed over them by JAX's transposition of the `custom_linear_solve`.)
+    `vjp` is that of the chunk runs `_runs` at `(params, starts, xs)`, or None: then
+    the adjoint linearises them itself."""
     problem = _problem(inputs, static)
     axis = solver.axis_name
     c = solver.chunk_size
@@ -260,10 +288,13 @@ def _cotangent(inputs, static, solver, starts, ct_hs):
         return vjp((ct_k, m))[0]
 
     def linearised(mu=None):
-        # one linearisation of every chunk run, its residuals shared by every product:
+        # one linearisation of every chunk run (the forward pass's, or a new one),
+        # its residuals shared by every product:
         # `pull(m)[1][k] = c[k] + J_k^T m[k]`, with `c[k] = (d hs_k / d s_k)^T ct_k`
-        _, vjp = jax.vjp(_runs(inputs, static, rest), *primal)
-        pull = lambda m: vjp((ct_chunks, m))
+        pull_all = vjp
+        if pull_all is None:
+            _, pull_all = jax.vjp(_runs(inputs, static, rest), *primal)
+        pull = lambda m: pull_all((ct_chunks, m))
         if mu is None:
             jac = None
             if structure is not None:
@@ -321,7 +352,9 @@ def boundary_solve(solver, jac, affine, affine_one, per_chunk, edge, rhs=None):
     - `affine`: `m -> r + L m` for every chunk at once, `(K, d) -> (K, d)` (not
         needed, None, when `jac` is exact and `rhs` given).
     - `affine_one`: `(m, chunk) -> affine_k(m)` for one chunk (`chunk` a slice of
-        `per_chunk`): the exact sweep that an iteration falls back to.
+        `per_chunk`): the exact sequential sweep that the iteration falls back to
+        after `max_iters` with `fallback="sequential"` (without it, the iteration
+        goes on, at most K + 1 times: exact after K).
     - `per_chunk`: a pytree with a leading axis K, what `affine_one` reads.
     - `edge`: the tangent's initial value, or None for the adjoint.
     - `rhs`: `r`, if already known (else `affine(0)`).
@@ -356,30 +389,26 @@ def boundary_solve(solver, jac, affine, affine_one, per_chunk, edge, rhs=None):
         return new, everywhere(change, axis, lax.pmax)
 
     # iterated from zero until it changes by at most `atol * max|y| + rtol * |y|`
-    # (tangents and cotangents have no scale of their own)
+    # (tangents and cotangents have no scale of their own). Iteration `n` makes the
+    # last (the tangent: first) `n` chunks exact, over every device's chunks: after
+    # all of them, the iteration is the exact sweep, done in parallel
     init = jnp.zeros_like(like)
-    y, _, change = loop(body, init, solver.max_iters, like.real.dtype)
+    dtype = like.real.dtype
+    if solver.fallback is None:
+        chunks = like.shape[0] * (1 if axis is None else lax.psum(1, axis))
+        return loop(body, init, chunks + 1, dtype)[0]
+    # `fallback="sequential"`: at most `max_iters` iterations, then the sweep itself
+    # (one chunk after another, as the forward pass's fallback)
+    y, _, change = loop(body, init, solver.max_iters, dtype)
     return lax.cond(
         change <= 1,
         lambda: y,
-        lambda: _exact_sweep(affine_one, per_chunk, edge, axis, reverse),
+        lambda: _exact_sweep(affine_one, per_chunk, edge, reverse),
     )
 
 
-def _exact_sweep(affine_one, per_chunk, edge, axis, reverse):
+def _exact_sweep(affine_one, per_chunk, edge, reverse):
     """`y[k] = affine_one(y[k -+ 1], chunk k)` chunk after chunk: exact, sequential
-    over the chunks. Across devices, each device sweeps its block from its
-    neighbour's last value, as many times as there are devices."""
-
-    def local(incoming):
-        step = lambda m, chunk: (lambda y: (y, y))(affine_one(m, chunk))
-        return lax.scan(step, incoming, per_chunk, reverse=reverse)[1]
-
-    if axis is None:
-        return local(edge)
-    if reverse:
-        incoming = lambda y: shift_backward(y, axis)[-1]
-    else:
-        incoming = lambda y: shift_forward(y, edge, axis)[0]
-    rounds = lambda _, y: local(incoming(y))
-    return lax.fori_loop(0, lax.psum(1, axis), rounds, local(edge))
+    over the chunks (on one device: `fallback="sequential"` excludes `axis_name`)."""
+    step = lambda m, chunk: (lambda y: (y, y))(affine_one(m, chunk))
+    return lax.scan(step, edge, per_chunk, reverse=reverse)[1]

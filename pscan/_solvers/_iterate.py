@@ -4,8 +4,8 @@ The parallel solvers split time into K chunks of C steps (`Chunks`). Their unkno
 the chunk-start states `s[k]` (`s[0] = h0`), which satisfy `s[k+1] = F_k(s[k])`, where
 `F_k` runs the cell exactly and sequentially over chunk k. A solver's `step` maps the
 current chunk starts (and its own state) to new ones; `shooting_forward` iterates it
-to convergence in one while loop; `loop` is the simpler one of the implicit
-gradient's boundary iterations.
+to convergence, and `loop` is the while loop that every iteration here shares (the
+implicit gradient's too).
 """
 
 from collections.abc import Callable
@@ -79,30 +79,17 @@ def _first_guess(solver, chunks: Chunks) -> Array:
 
 
 def _iterate(solver, chunks: Chunks):
-    """The solver's steps in one while loop: `((starts, state, held, carries, ...),
+    """The solver's steps in the shared `loop`: `((starts, state, held, at_bound),
     iterations, change)`, `held[k]` whether chunk start k was non-finite in the last
-    step (and kept its last value), `carries[k]` whether chunk k turns a non-finite
-    start into a non-finite end, `at_bound` in how many steps a start was held at the
-    float bound.
-
-    `carries` is what `_loop_starts` needs when some start is held: it comes from one
-    more pass of the loop after the iteration ended, with every start NaN (the
-    solver's own step runs the chunks from them). So the program holds no other run
-    of the chunks than the step's, and the pass runs only on non-finite data."""
+    step (and kept its last value), `at_bound` in how many steps a start was held at
+    the float bound."""
     axis = chunks.axis_name
     h0 = chunks.h0
     bound = jnp.sqrt(jnp.finfo(h0.dtype).max).astype(h0.dtype)
-    running = lambda it, change: (it < solver.max_iters) & (change > 1)
 
-    def cond(c):
-        (*_, pending, probed), it, change = c
-        return running(it, change) | (pending & ~probed)
-
-    def body(c):
-        (starts, state, held, carries, at_bound, pending, probed), it, change = c
-        probe = ~running(it, change)  # the extra pass, after the iteration ended
-        run_from = jnp.where(probe, jnp.nan, starts)
-        new, new_state, ends = solver.step(chunks, run_from, state)
+    def body(carry):
+        starts, state, _, at_bound = carry
+        new, state, ends = solver.step(chunks, starts, state)
         rows = _finite_rows(new)
         # a chunk start that the step made non-finite takes the value of a Picard
         # sweep from the last guess instead (which always makes progress: one more
@@ -110,15 +97,12 @@ def _iterate(solver, chunks: Chunks):
         # second run of the chunks, in the program or at run time); the predicate is
         # the same on every device
         if ends is None:
-
-            def sweep():
-                ends = chunks.ends(run_from)
-                return jnp.where(rows[:, None], new, chunks.shift(ends)), ends
-
-            new, ends = lax.cond(
-                finite_everywhere(new, axis) & ~probe,
-                lambda: (new, jnp.full_like(new, jnp.nan)),
-                sweep,
+            new = lax.cond(
+                finite_everywhere(new, axis),
+                lambda: new,
+                lambda: jnp.where(
+                    rows[:, None], new, chunks.shift(chunks.ends(starts))
+                ),
             )
         else:
             new = jnp.where(rows[:, None], new, chunks.shift(ends))
@@ -132,43 +116,31 @@ def _iterate(solver, chunks: Chunks):
         # the iteration keeps its progress (DEER clips at +-1e8). A start held at the
         # bound is never converged
         new = jnp.where(jnp.isfinite(new), jnp.clip(new, -bound, bound), new)
-        new_change = scaled_change(new, starts, solver.rtol, solver.atol)
+        change = scaled_change(new, starts, solver.rtol, solver.atol)
         none_at = all_along(jnp.abs(new) != bound).astype(jnp.int32)
         bounded = everywhere(none_at, axis, lax.pmin) > 0
-        new_change = jnp.where(bounded, new_change, jnp.inf)
-        new_change = everywhere(new_change, axis, lax.pmax)
+        change = jnp.where(bounded, change, jnp.inf)
+        change = everywhere(change, axis, lax.pmax)
         # a step that changed nothing on purpose (a rejected trial step) is no sign
         # of convergence
-        new_change = jnp.where(solver.unfinished(new_state), jnp.inf, new_change)
-        new_pending = everywhere(jnp.any(~rows).astype(jnp.int32), axis, lax.pmax) > 0
-        # the extra pass keeps everything but what it is for
-        carries = jnp.where(probe, ~_finite_rows(ends), carries)
-        old = (starts, state, held, at_bound, pending, change)
-        updated = (new, new_state, ~rows, at_bound + ~bounded, new_pending, new_change)
-        keep = lambda o, u: jnp.where(probe, o, u)
-        starts, state, held, at_bound, pending, change = jax.tree_util.tree_map(
-            keep, old, updated
-        )
-        carry = (starts, state, held, carries, at_bound, pending, probed | probe)
-        return carry, it + (~probe).astype(it.dtype), change
+        change = jnp.where(solver.unfinished(state), jnp.inf, change)
+        return (new, state, ~rows, at_bound + ~bounded), change
 
     starts = _first_guess(solver, chunks)
-    no = varying(jnp.zeros(chunks.count, bool), axis)
-    init = (starts, solver.init(chunks, starts), no, no, jnp.array(0))
-    init = (*init, jnp.array(False), jnp.array(False))
-    inf = jnp.array(jnp.inf, h0.real.dtype)
-    return lax.while_loop(cond, body, (init, jnp.array(0), inf))
+    held = varying(jnp.zeros(chunks.count, bool), axis)
+    init = (starts, solver.init(chunks, starts), held, jnp.array(0))
+    return loop(body, init, solver.max_iters, h0.real.dtype)
 
 
-def _loop_starts(chunks: Chunks, starts, held, carries) -> Array:
+def _loop_starts(chunks: Chunks, starts, held) -> Array:
     """The chunk starts of the sequential loop, from converged finite ones and the
     rows that were `held` (non-finite: `F_{k-1}` of a correct start, or `h0`, is).
     A non-finite start stays non-finite to the chunk's end unless the chunk forgets
-    it (a reset: `carries[k]` False): `bad[k] = held[k] | (bad[k-1] & carries[k-1])`,
-    a linear recurrence over the chunks (across devices too); bad starts become NaN,
-    so the chunk runs give non-finite states from the first non-finite step on, as
-    the loop does."""
+    it (a reset): `bad[k] = held[k] | (bad[k-1] & carries[k-1])`, a linear recurrence
+    over the chunks (across devices too); bad starts become NaN, so the chunk runs
+    give non-finite states from the first non-finite step on, as the loop does."""
     axis = chunks.axis_name
+    carries = ~_finite_rows(chunks.ends(jnp.full_like(starts, jnp.nan)))
     real = starts.real.dtype
     carries = shift_forward(carries.astype(real), jnp.zeros((), real), axis)
     bad = linear_recurrence(carries, held.astype(real), axis_name=axis) > 0
@@ -189,14 +161,12 @@ def shooting_forward(solver, problem: Problem) -> tuple[Array, RESULTS, dict[str
         lambda x: lax.stop_gradient(x) if eqx.is_array(x) else x, problem
     )
     chunks = Chunks(frozen, solver.chunk_size, solver.axis_name)
-    (starts, state, held, carries, at_bound, *_), iters, change = _iterate(
-        solver, chunks
-    )
+    (starts, state, held, at_bound), iters, change = _iterate(solver, chunks)
     axis = solver.axis_name
     finite = everywhere(jnp.any(held).astype(jnp.int32), axis, lax.pmax) == 0
     converged = change <= 1
     starts = lax.cond(
-        finite, lambda: starts, lambda: _loop_starts(chunks, starts, held, carries)
+        finite, lambda: starts, lambda: _loop_starts(chunks, starts, held)
     )
     result = RESULTS.where(
         converged,

@@ -22,11 +22,8 @@ program); with `fallback="sequential"` it stops after `max_iters` and falls back
 an exact sequential sweep over the chunks.
 
 `_run` is a `custom_jvp` whose tangent is `_tangent`, handed to
-`lax.custom_linear_solve` together with `_cotangent` as its transpose. Reverse mode
-saves the residuals of the chunk runs that gave the states (Picard, diagonal
-Jacobians), or only the inputs and the chunk starts and linearises anew in the
-backward pass (exact Jacobians, whose forward-mode pass must not run while residuals
-are held; `fallback="sequential"`).
+`lax.custom_linear_solve` together with `_cotangent` as its transpose: reverse mode
+saves only the inputs and the chunk starts and recomputes in the backward pass.
 
 Memory: the backward keeps the per-step residuals of one linearisation of the chunk
 runs (those of autodiff through `lax.scan`) and never, at the same time, the forward's
@@ -50,7 +47,7 @@ from .._chunking import from_chunks, to_chunks
 from .._finite import finite_everywhere
 from .._linear import linear_recurrence
 from .._solution import RESULTS
-from ._base import Problem, chunk_xs, finite_result
+from ._base import Problem, finite_result
 from ._chunks import Chunks
 from ._iterate import loop, scaled_change
 
@@ -127,25 +124,16 @@ def _run_jvp(primals, tangents):
     """The implicit tangent, a linear map of the inputs' tangents whose transpose is
     the implicit adjoint. `lax.custom_linear_solve` carries the pair: with the
     identity as its matrix it is "a linear map with its own transpose" that JAX can
-    batch, transpose and lower anywhere. Where it can (below), the adjoint closes
-    over the residuals of the linearisation of the chunk runs that gave the states:
-    reverse mode keeps them from the forward pass, as autodiff through `lax.scan`
-    keeps its own."""
+    batch, transpose and lower anywhere; reverse mode saves only the inputs and the
+    chunk starts, and recomputes in the backward pass."""
     inputs, static, solver, starts, fell_back = primals
-    # the states come from the one linearisation of the chunk runs that the adjoint
-    # uses: reverse mode keeps its residuals (those of autodiff through `lax.scan`),
-    # never runs the chunks twice, and has one copy of them fewer to compile. Not
-    # with exact Jacobians: their forward-mode pass in the backward would then run
-    # while the residuals are held (Newton(chunk_size=64), GRU 1 -> 32: 1.31x the
-    # XLA temp of autodiff through `lax.scan`); nor after a fallback, whose states
-    # are the sequential loop's own, bit for bit. There the adjoint linearises anew
-    structure = solver.linearisation()
-    exact = structure is not None and structure.exact
-    keep = solver.fallback is None and not exact
-    if not keep:
-        hs, starts = _run_chunks(inputs, static, solver, starts, fell_back)
+    hs, starts = _run_chunks(inputs, static, solver, starts, fell_back)
     t_inputs = tangents[0]  # None where the tangent is a symbolic zero
     is_none = lambda t: t is None
+    # every operand of `custom_linear_solve` must be linear in the tangents, the
+    # placeholder for the states' tangent too: zero times one tangent
+    first = jax.tree_util.tree_leaves(t_inputs)[0]
+    placeholder = jnp.zeros_like(hs) + (0 * jnp.sum(first)).real.astype(hs.dtype)
 
     # `custom_linear_solve` traces both maps now and runs them later: inside
     # `shard_map` (variance checks on) the residuals they close over are then typed
@@ -155,17 +143,6 @@ def _run_jvp(primals, tangents):
     # `custom_linear_solve` would differentiate its maps as if they were an inverse
     # (through the matrix only): a second derivative would silently miss terms
     inputs, starts = jax.tree_util.tree_map(_first_order_only, (inputs, starts))
-    vjp = None
-    if keep:
-        problem = _problem(inputs, static)
-        floating, rest = _split_xs(chunk_xs(problem, solver.chunk_size))
-        primal = (inputs.params, starts, floating)
-        (hs_chunks, _), vjp = jax.vjp(_runs(inputs, static, rest), *primal)
-        hs = from_chunks(hs_chunks, problem.length)
-    # every operand of `custom_linear_solve` must be linear in the tangents, the
-    # placeholder for the states' tangent too: zero times one tangent
-    first = jax.tree_util.tree_leaves(t_inputs)[0]
-    placeholder = jnp.zeros_like(hs) + (0 * jnp.sum(first)).real.astype(hs.dtype)
 
     def forward(_, b):
         zeros = lambda t, x: (
@@ -176,7 +153,7 @@ def _run_jvp(primals, tangents):
         return jax.tree_util.tree_map(jnp.zeros_like, b[0]), t_hs
 
     def transpose(_, ct):
-        ct_inputs = _cotangent(inputs, static, solver, starts, vjp, ct[1])
+        ct_inputs = _cotangent(inputs, static, solver, starts, ct[1])
         keep = lambda t, c: None if is_none(t) else c
         ct_inputs = jax.tree_util.tree_map(keep, t_inputs, ct_inputs, is_leaf=is_none)
         return ct_inputs, jnp.zeros_like(ct[1])
@@ -264,12 +241,10 @@ def _varying(x, axis_name):
     return varying(x, axis_name)
 
 
-def _cotangent(inputs, static, solver, starts, vjp, ct_hs):
+def _cotangent(inputs, static, solver, starts, ct_hs):
     """The implicit adjoint: the cotangents (an `_Inputs`) of the inputs for the
     cotangent `ct_hs` of the states. (Across devices, the cotangent of a replicated
-    input is summed over them by JAX's transposition of the `custom_linear_solve`.)
-    `vjp` is that of the chunk runs `_runs` at `(params, starts, xs)`, or None: then
-    the adjoint linearises them itself."""
+    input is summed over them by JAX's transposition of the `custom_linear_solve`.)"""
     problem = _problem(inputs, static)
     axis = solver.axis_name
     c = solver.chunk_size
@@ -288,13 +263,10 @@ def _cotangent(inputs, static, solver, starts, vjp, ct_hs):
         return vjp((ct_k, m))[0]
 
     def linearised(mu=None):
-        # one linearisation of every chunk run (the forward pass's, or a new one),
-        # its residuals shared by every product:
+        # one linearisation of every chunk run, its residuals shared by every product:
         # `pull(m)[1][k] = c[k] + J_k^T m[k]`, with `c[k] = (d hs_k / d s_k)^T ct_k`
-        pull_all = vjp
-        if pull_all is None:
-            _, pull_all = jax.vjp(_runs(inputs, static, rest), *primal)
-        pull = lambda m: pull_all((ct_chunks, m))
+        _, vjp = jax.vjp(_runs(inputs, static, rest), *primal)
+        pull = lambda m: vjp((ct_chunks, m))
         if mu is None:
             jac = None
             if structure is not None:

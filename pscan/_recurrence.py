@@ -59,8 +59,8 @@ def recurrence(
     - `solver`: `pscan.Sequential()` (default, exact), `pscan.Picard(...)`,
         `pscan.Newton(...)` or `pscan.ELK(...)`. The whole solve (the cell, its
         derivatives) is traced under the solver's matrix precision
-        (`solver.matrix_precision()`: `"highest"` for Newton and ELK, whose Jacobians
-        need it; the caller's for the others).
+        (`solver.matrix_precision()`: `"highest"` for Picard, Newton and ELK, whose
+        chunk runs and Jacobians need it on a TPU; the caller's for `Sequential`).
     - `guess`: a warm start for the iterative solvers, a pytree like `hs` (leading
         axis `T`): for instance the states of the last training step, so that the
         next solve starts close to its answer. Only its states at chunk boundaries

@@ -305,6 +305,36 @@ def test_fallback_gradient_is_exact(make):
     np.testing.assert_allclose(t, t_ref, rtol=1e-7, atol=1e-7)
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda **kw: pscan.Newton(chunk_size=4, jacobian="diagonal", **kw),
+        lambda **kw: pscan.Picard(chunk_size=4, **kw),
+    ],
+    ids=["diagonal", "picard"],
+)
+def test_derivative_iterations_go_on_to_the_exact_answer(make):
+    """Without a fallback, the derivatives' own boundary iterations (Picard's, the
+    diagonal preconditioner's) go on past `max_iters` until they converge, exact
+    after K iterations (iteration n makes n chunks exact): a warm start at the answer
+    converges in one iteration, the derivatives on a chaotic cell cannot."""
+    cell, h0 = _chaotic()
+    xs = make_xs(60)
+    hs_exact = scan_cell(cell, xs, h0)
+    solver = make(max_iters=1, rtol=1e-12, atol=1e-12)
+    hs = lambda c, x, h: pscan.recurrence(c, x, h, solver=solver, guess=hs_exact).hs
+    loss = lambda c: jnp.sum(jnp.sin(hs(c, xs, h0)))
+    g = jax.jit(jax.grad(loss))(cell)
+    g_ref = jax.grad(lambda c: jnp.sum(jnp.sin(scan_cell(c, xs, h0))))(cell)
+    for x, y in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(g_ref)):
+        np.testing.assert_allclose(x, y, rtol=1e-7, atol=1e-7)
+    t_xs = jnp.cos(jnp.arange(xs.size, dtype=xs.dtype)).reshape(xs.shape)
+    tangents = (t_xs, jnp.ones_like(h0))
+    t = jax.jit(lambda: jax.jvp(lambda x, h: hs(cell, x, h), (xs, h0), tangents)[1])()
+    t_ref = jax.jvp(lambda x, h: scan_cell(cell, x, h), (xs, h0), tangents)[1]
+    np.testing.assert_allclose(t, t_ref, rtol=1e-7, atol=1e-7)
+
+
 def test_not_converged_raises():
     cell, h0 = _chaotic()
     xs = make_xs(60)
@@ -739,14 +769,16 @@ def test_cell_closing_over_parameters(solver):
         (pscan.Newton(chunk_size=4), True),
         (pscan.Newton(chunk_size=4, jacobian="diagonal"), True),
         (pscan.ELK(chunk_size=4), True),
+        (pscan.Picard(chunk_size=4), True),
         (pscan.Newton(chunk_size=4, precision=None), False),
-        (pscan.Picard(chunk_size=4), False),
+        (pscan.Picard(chunk_size=4, precision=None), False),
         (pscan.Sequential(), False),
     ],
 )
-def test_linearising_solvers_run_the_cell_at_full_precision(kind, solver, highest):
+def test_chunked_solvers_run_the_cell_at_full_precision(kind, solver, highest):
     # the cell's products inside the solve and its gradient take the solver's
-    # precision: on a TPU the default (bfloat16 passes) spoils Newton's Jacobians. A
+    # precision: on a TPU the default (bfloat16 passes) spoils Newton's Jacobians, and
+    # Picard's states (batched over the chunks, where a loop's products are exact). A
     # function cell is traced (closure-converted) under it too. On CPU the precision
     # changes no number; the jaxpr says what runs on an accelerator
     gru = eqx.nn.GRUCell(1, 4, key=jax.random.PRNGKey(0))
@@ -768,8 +800,9 @@ def test_linearising_solvers_run_the_cell_at_full_precision(kind, solver, highes
 
 
 def test_precision_is_checked():
-    for solver in (pscan.Newton, pscan.ELK):
+    for solver in (pscan.Newton, pscan.ELK, pscan.Picard):
         with pytest.raises(ValueError, match="precision"):
             solver(precision="very high")
     assert pscan.Newton(precision="float32").matrix_precision() == "float32"
-    assert pscan.Picard().matrix_precision() is None
+    assert pscan.Picard(precision=None).matrix_precision() is None
+    assert pscan.Sequential().matrix_precision() is None

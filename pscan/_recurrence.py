@@ -44,8 +44,9 @@ def recurrence(
     the backward pass linearises every chunk run once and solves the transposed
     recurrence over chunk boundaries as the forward solved its own (dense Jacobians at
     once with `pscan.linear_recurrence`; diagonal ones as a preconditioner; Picard by
-    vector-Jacobian products alone, with an exact sweep over the chunks if that
-    iteration does not converge). Forward mode (`jax.jvp`, `jax.jacfwd`) is implicit
+    vector-Jacobian products alone; such an iteration goes on until it converges,
+    exact after K iterations, or with `fallback="sequential"` sweeps the chunks
+    sequentially after `max_iters`). Forward mode (`jax.jvp`, `jax.jacfwd`) is implicit
     the same way, the same recurrence solved in forward time. Second derivatives
     through `Picard` and `Newton` raise `NotImplementedError`.
 

@@ -38,7 +38,9 @@ class AbstractShootingSolver(AbstractSolver):
     - `max_iters`: the most steps.
     - `rtol`, `atol`: the convergence tolerances on the chunk starts.
     - `fallback`: None, or `"sequential"`: the exact sequential states when not
-        converged (`stats["fell_back"]`).
+        converged (`stats["fell_back"]`), and a sequential sweep over the chunks for
+        the derivatives' boundary iterations after `max_iters` (without it they go on
+        in parallel until they converge, exact after K iterations).
     - `axis_name`: None, or inside `shard_map` the mesh axis that splits time.
     """
 

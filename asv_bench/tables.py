@@ -521,8 +521,8 @@ def _fastest_compile(fn, args, repeats):
 def compile_times(args):
     """Gradient compile time, fastest of `--repeats` fresh compiles: every solver on
     the bare GRU of `solvers`, and the loss of `examples/train_long_series.py`
-    (`--model gru`, two layers) with the example's own `--solver` choices and Picard
-    at Newton's settings."""
+    (`--model gru`, two layers) with the example's own `--solver` choices, and
+    Picard, diagonal Newton and ELK at Newton's settings."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
     import train_long_series as example
 
@@ -540,12 +540,15 @@ def compile_times(args):
     grad = eqx.filter_value_and_grad(example.make_loss(20))
     newton = example.SOLVERS["newton"]
     layers = dict(example.SOLVERS)
-    layers["picard"] = pscan.Picard(
+    same = dict(
         chunk_size=newton.chunk_size,
         rtol=newton.rtol,
         atol=newton.atol,
         max_iters=newton.max_iters,
     )
+    layers["picard"] = pscan.Picard(**same)
+    layers["newton, diagonal"] = pscan.Newton(jacobian="diagonal", **same)
+    layers["elk"] = pscan.ELK(**same)
     model = lambda s: example.Forecaster(
         "gru", args.hidden, 2, s, key=jax.random.PRNGKey(0)
     )

@@ -271,9 +271,13 @@ def _cotangent(inputs, static, solver, starts, ct_hs):
             jac = None
             if structure is not None:
                 jac = chunks.linearise(structure, starts).transpose()
-            mu = boundary_solve(
-                solver, jac, lambda m: pull(m)[1], pull_one, per_chunk, None
+            # the products' cotangents of the parameters and inputs come along
+            split = lambda ct: (ct[1], (ct[0], ct[2]))
+            more = lambda m: split(pull(m))
+            mu, (ct_params, ct_xs) = boundary_solve(
+                solver, jac, more, pull_one, per_chunk, None, extra=True
             )
+            return ct_params, ct_xs, mu[0]
         ct_params, _, ct_xs = pull(shift_backward(mu, axis))
         return ct_params, ct_xs, mu[0]
 
@@ -307,7 +311,9 @@ def _cotangent(inputs, static, solver, starts, ct_hs):
     return _Inputs(ct_params, ct_xs, ct_h0)
 
 
-def boundary_solve(solver, jac, affine, affine_one, per_chunk, edge, rhs=None):
+def boundary_solve(
+    solver, jac, affine, affine_one, per_chunk, edge, rhs=None, extra=False
+):
     """The boundary recurrence of a derivative, over the chunks: forward (the tangent,
     `edge` its value before the first chunk)
 
@@ -330,6 +336,9 @@ def boundary_solve(solver, jac, affine, affine_one, per_chunk, edge, rhs=None):
     - `per_chunk`: a pytree with a leading axis K, what `affine_one` reads.
     - `edge`: the tangent's initial value, or None for the adjoint.
     - `rhs`: `r`, if already known (else `affine(0)`).
+    - `extra`: whether `affine` returns `(r + L m, more)`: then the result is `(y,
+        more)`, `more` from the last product the iteration took (at `y` within the
+        tolerances; exactly at `y` after the sweep): one product fewer to compile.
     """
     axis = solver.axis_name
     reverse = edge is None
@@ -349,34 +358,48 @@ def boundary_solve(solver, jac, affine, affine_one, per_chunk, edge, rhs=None):
 
     if jac is not None and jac.exact:
         return solve(affine(jnp.zeros_like(like)) if rhs is None else rhs, edge)
+    # `affine` may return more than `y`: what else its product computes, kept from
+    # the last one
+    product = affine if extra else (lambda m: (affine(m), None))
     if jac is None:
-        sweep = lambda y: affine(shift(y))
+        sweep = lambda y: product(shift(y))
     else:  # the structured part solved exactly, the rest iterated
-        sweep = lambda y: y + solve(affine(shift(y)) - y, zero)
 
-    def body(y):
-        new = sweep(y)
+        def sweep(y):
+            new, rest = product(shift(y))
+            return y + solve(new - y, zero), rest
+
+    def body(carry):
+        y, _ = carry
+        new, rest = sweep(y)
         size = everywhere(jnp.max(jnp.abs(new), initial=0.0), axis, lax.pmax)
         change = scaled_change(new, y, solver.rtol, solver.atol * size)
-        return new, everywhere(change, axis, lax.pmax)
+        return (new, rest), everywhere(change, axis, lax.pmax)
 
     # iterated from zero until it changes by at most `atol * max|y| + rtol * |y|`
     # (tangents and cotangents have no scale of their own). Iteration `n` makes the
     # last (the tangent: first) `n` chunks exact, over every device's chunks: after
     # all of them, the iteration is the exact sweep, done in parallel
-    init = jnp.zeros_like(like)
+    zeros = jnp.zeros_like(like)
+    rest = jax.eval_shape(lambda: product(zeros)[1])
+    init = (zeros, jax.tree_util.tree_map(lambda r: jnp.zeros(r.shape, r.dtype), rest))
     dtype = like.real.dtype
     if solver.fallback is None:
         chunks = like.shape[0] * (1 if axis is None else lax.psum(1, axis))
-        return loop(body, init, chunks + 1, dtype)[0]
+        out = loop(body, init, chunks + 1, dtype)[0]
+        return out if extra else out[0]
     # `fallback="sequential"`: at most `max_iters` iterations, then the sweep itself
     # (one chunk after another, as the forward pass's fallback)
-    y, _, change = loop(body, init, solver.max_iters, dtype)
-    return lax.cond(
-        change <= 1,
-        lambda: y,
-        lambda: _exact_sweep(affine_one, per_chunk, edge, reverse),
+    out, _, change = loop(body, init, solver.max_iters, dtype)
+
+    def exact():
+        y = _exact_sweep(affine_one, per_chunk, edge, reverse)
+        return y, product(shift(y))[1]
+
+    out = lax.cond(
+        change <= 1, lambda: out, exact if extra else lambda: (exact()[0], None)
     )
+    return out if extra else out[0]
 
 
 def _exact_sweep(affine_one, per_chunk, edge, reverse):

@@ -214,8 +214,28 @@ def nonlinear(mesh):
     gc_ref = filter_grad(loss(exact))(cell, xs, h0)
     for x, y in zip(jax.tree_util.tree_leaves(gc), jax.tree_util.tree_leaves(gc_ref)):
         close(x, y, "checked: gradient wrt the cell")
+    # Picard and the diagonal Jacobians there too (their derivatives iterate), with
+    # the default run-time check (`throw=True`)
+    for other in (
+        pscan.Picard(chunk_size=4, axis_name="time", **tol),
+        pscan.Newton(chunk_size=4, jacobian="diagonal", axis_name="time", **tol),
+    ):
+        f_other = jax.shard_map(
+            lambda c, xs, h0, s=other: pscan.recurrence(c, xs, h0, solver=s).hs,
+            mesh=mesh,
+            in_specs=(PartitionSpec(), time, PartitionSpec()),
+            out_specs=time,
+        )
+        gc = filter_grad(loss(f_other))(cell, xs, h0)
+        for x, y in zip(
+            jax.tree_util.tree_leaves(gc), jax.tree_util.tree_leaves(gc_ref)
+        ):
+            close(x, y, f"checked {other}: gradient wrt the cell")
+        g = grad(loss(f_other), argnums=(1, 2))(cell, xs, h0)
+        close(g[0], g_ref[0], f"checked {other}: gradient wrt xs")
+        close(g[1], g_ref[1], f"checked {other}: gradient wrt h0")
     # a warm start at the answer converges in one sweep, where the gradient's own
-    # iteration cannot: it falls back to its exact sweep across the devices
+    # iteration cannot: it goes on past `max_iters`, across the devices, until exact
     hs_exact = pscan.recurrence(cell, xs, h0).hs
     one = pscan.Picard(chunk_size=4, max_iters=1, axis_name="time", **tol)
     f_one = jax.shard_map(
@@ -228,8 +248,8 @@ def nonlinear(mesh):
     g = grad(
         lambda xs, h0: jnp.sum(f_one(cell, xs, h0, hs_exact) ** 2), argnums=(0, 1)
     )(xs, h0)
-    close(g[0], g_ref[0], "exact sweep: gradient wrt xs")
-    close(g[1], g_ref[1], "exact sweep: gradient wrt h0")
+    close(g[0], g_ref[0], "iteration to exactness: gradient wrt xs")
+    close(g[1], g_ref[1], "iteration to exactness: gradient wrt h0")
     # each device's block must be whole chunks
     bad = pscan.Newton(chunk_size=3, axis_name="time")
     g = jax.shard_map(

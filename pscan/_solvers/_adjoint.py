@@ -382,7 +382,7 @@ def boundary_solve(
     # all of them, the iteration is the exact sweep, done in parallel
     zeros = jnp.zeros_like(like)
     rest = jax.eval_shape(lambda: product(zeros)[1])
-    init = (zeros, jax.tree_util.tree_map(lambda r: jnp.zeros(r.shape, r.dtype), rest))
+    init = (zeros, jax.tree_util.tree_map(lambda r: _zeros(r, axis), rest))
     dtype = like.real.dtype
     if solver.fallback is None:
         chunks = like.shape[0] * (1 if axis is None else lax.psum(1, axis))
@@ -400,6 +400,16 @@ def boundary_solve(
         change <= 1, lambda: out, exact if extra else lambda: (exact()[0], None)
     )
     return out if extra else out[0]
+
+
+def _zeros(aval, axis_name):
+    """Zeros of `aval`'s shape and dtype, typed as varying across `axis_name` where
+    `aval` is (inside `shard_map` with its variance checks on)."""
+    zeros = jnp.zeros(aval.shape, aval.dtype)
+    manual = getattr(aval, "manual_axis_type", None)
+    if axis_name is not None and axis_name in getattr(manual, "varying", ()):
+        zeros = varying(zeros, axis_name)
+    return zeros
 
 
 def _exact_sweep(affine_one, per_chunk, edge, reverse):

@@ -151,5 +151,14 @@ class AbstractShootingSolver(AbstractSolver):
         if problem.throw and self.fallback is None:
             # on the `(K, d)` starts that every state depends on: a check on the states
             # themselves would hold a copy of them in the gradient
-            starts = result.error_if(starts, result == RESULTS.max_iters_reached)
+            failed = result == RESULTS.max_iters_reached
+            if self.axis_name is None:
+                starts = result.error_if(starts, failed)
+            else:
+                # inside `shard_map` on a scalar that is the same on every device, tied
+                # to the starts: Equinox's conditional would otherwise mix a value
+                # typed as varying across the devices with its callback's, which is
+                # not (an error with `shard_map`'s variance checks on)
+                zero = result.error_if(jnp.zeros((), starts.real.dtype), failed)
+                starts = starts + zero.astype(starts.dtype)
         return implicit_states(self, problem, starts, result, stats)

@@ -10,7 +10,8 @@ the iterations:
 - reverse (`_cotangent`): with `ct_k` the cotangent of chunk k's states, it solves the
   transposed recurrence `mu[k] = c[k] + J_k^T mu[k+1]`, `c[k] = (d hs_k/d s_k)^T ct_k`,
   then one VJP of the chunk runs (end cotangents `mu[k+1]`) gives the cotangents of the
-  parameters and inputs, and `mu[0]` that of `h0`.
+  parameters and inputs (an iteration for `mu` has them from its last VJP), and
+  `mu[0]` that of `h0`.
 
 Both boundary recurrences are one `boundary_solve`, with the Jacobian structure the
 solver names (`solver.linearisation()`): an exact one (`DenseJacobian`) solved at once

@@ -196,13 +196,21 @@ def scan_cell(cell, xs, h0):
 
 
 def assert_exact_derivatives(
-    solver, cell, xs, h0, *, scalar=None, tangents=None, leaf=lambda c: c.weight_hh
+    solver,
+    cell,
+    xs,
+    h0,
+    *,
+    scalar=None,
+    tangents=None,
+    leaf=lambda c: c.weight_hh,
+    **options,
 ):
     """Through `solver`, the gradient of a loss `scalar(hs)` (default: a weighted sum of
     `sin(hs)`) wrt the cell (its array `leaf`), `xs` and `h0`, and the tangent for
     `tangents` of `(xs, h0)` (default: `(sin(xs), 1)`), equal autodiff through
-    `lax.scan` (`scan_cell`). (One compiled program each: compiling dominates at test
-    sizes.)"""
+    `lax.scan` (`scan_cell`); `options` go to `pscan.recurrence` (e.g. `guess`). (One
+    compiled program each: compiling dominates at test sizes.)"""
     import pscan
 
     if scalar is None:
@@ -211,7 +219,7 @@ def assert_exact_derivatives(
     if tangents is None:
         tangents = (jnp.sin(xs), jnp.ones_like(h0))
     loss = lambda run: lambda args: scalar(run(*args))
-    ours = lambda c, xs, h0: pscan.recurrence(c, xs, h0, solver=solver).hs
+    ours = lambda c, xs, h0: pscan.recurrence(c, xs, h0, solver=solver, **options).hs
     g = eqx.filter_jit(eqx.filter_grad(loss(ours)))((cell, xs, h0))
     g_ref = eqx.filter_grad(loss(scan_cell))((cell, xs, h0))
     assert_allclose(leaf(g[0]), leaf(g_ref[0]))

@@ -395,11 +395,9 @@ def boundary_solve(
 
     def exact():
         y = _exact_sweep(affine_one, per_chunk, edge, reverse)
-        return y, product(shift(y))[1]
+        return y, (product(shift(y))[1] if extra else None)
 
-    out = lax.cond(
-        change <= 1, lambda: out, exact if extra else lambda: (exact()[0], None)
-    )
+    out = lax.cond(change <= 1, lambda: out, exact)
     return out if extra else out[0]
 
 

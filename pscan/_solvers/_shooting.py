@@ -149,16 +149,12 @@ class AbstractShootingSolver(AbstractSolver):
         # the iteration is never differentiated; the states' derivative is implicit
         starts, result, stats = shooting_forward(self, problem)
         if problem.throw and self.fallback is None:
-            # on the `(K, d)` starts that every state depends on: a check on the states
-            # themselves would hold a copy of them in the gradient
+            # on a scalar tied to the `(K, d)` starts that every state depends on: a
+            # check on the states themselves would hold a copy of them in the
+            # gradient, and one on the starts inside `shard_map` would mix, in
+            # Equinox's conditional, values typed as varying across the devices with
+            # its callback's, which are not (an error with variance checks on)
             failed = result == RESULTS.max_iters_reached
-            if self.axis_name is None:
-                starts = result.error_if(starts, failed)
-            else:
-                # inside `shard_map` on a scalar that is the same on every device, tied
-                # to the starts: Equinox's conditional would otherwise mix a value
-                # typed as varying across the devices with its callback's, which is
-                # not (an error with `shard_map`'s variance checks on)
-                zero = result.error_if(jnp.zeros((), starts.real.dtype), failed)
-                starts = starts + zero.astype(starts.dtype)
+            zero = result.error_if(jnp.zeros((), starts.real.dtype), failed)
+            starts = starts + zero.astype(starts.dtype)
         return implicit_states(self, problem, starts, result, stats)

@@ -162,12 +162,16 @@ def test_exact_prefix_survives_starts_at_the_bound():
     assert float(jnp.max(jnp.abs(sol.hs - jax.vmap(cell)(xs[:length], prev)))) <= 1e-5
 
 
+@pytest.mark.parametrize("solve", ["lu", "gauss-jordan"])
 @pytest.mark.parametrize("structure", ["dense", "diagonal"])
-def test_kalman_steps_are_least_squares_minimisers(structure):
+def test_kalman_steps_are_least_squares_minimisers(structure, solve, monkeypatch):
     """The damped steps against a direct least-squares solve (float64): the smoother's
     is the minimiser over all rows, the filter's row `k` the last row of the minimiser
     over rows `1..k` (the linearised residuals up to `k` and the distances to the
-    observations, `1 / sigma^2` each)."""
+    observations, `1 / sigma^2` each); with the dense blocks solved by LU, or by the
+    elimination that a TPU uses."""
+    if solve == "gauss-jordan":
+        monkeypatch.setattr(_elk, "_solve", _elk._gauss_jordan)
     K, d = 7, 3
     keys = jax.random.split(jax.random.PRNGKey(3), 5)
     shape = (K - 1, d) if structure == "diagonal" else (K - 1, d, d)
@@ -202,3 +206,17 @@ def test_kalman_steps_are_least_squares_minimisers(structure):
     assert_allclose(step(True), minimiser(K - 1))
     filtered = jnp.stack([minimiser(n)[-1] for n in range(1, K)])
     assert_allclose(step(False), filtered)
+
+
+def test_gauss_jordan_solves_like_lu():
+    """The TPU's solve of the dense Kalman combine: batches of blocks, against LU
+    (float64), a block that needs row exchanges (a zero pivot), complex blocks."""
+    keys = jax.random.split(jax.random.PRNGKey(5), 4)
+    m = jax.random.normal(keys[0], (3, 2, 6, 6), jnp.float64)
+    b = jax.random.normal(keys[1], (3, 2, 6, 4), jnp.float64)
+    assert_allclose(_elk._gauss_jordan(m, b), jnp.linalg.solve(m, b))
+    swap = jnp.array([[0.0, 2.0, 1.0], [3.0, 0.0, 1.0], [1.0, 1.0, 0.0]])
+    assert_allclose(_elk._gauss_jordan(swap, jnp.eye(3)), jnp.linalg.inv(swap))
+    mc = m + 1j * jax.random.normal(keys[2], m.shape, jnp.float64)
+    bc = b + 1j * jax.random.normal(keys[3], b.shape, jnp.float64)
+    assert_allclose(_elk._gauss_jordan(mc, bc), jnp.linalg.solve(mc, bc))

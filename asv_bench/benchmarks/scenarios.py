@@ -217,9 +217,12 @@ def chaos_solvers(length, atol):
 
 def cell_residual(cell, xs, h0, hs):
     """`max |h[t] - cell(x[t], h[t-1])|`: how far `hs` is from solving the recurrence
-    (for chaotic cells, where two exact trajectories part after a few steps)."""
+    (for chaotic cells, where two exact trajectories part after a few steps), the
+    cell's products at full precision (a TPU's default rounds them to about 1e-2
+    here, whatever `hs`)."""
     prev = jnp.concatenate([h0[None], hs[:-1]])
-    return float(jnp.max(jnp.abs(hs - jax.vmap(cell)(xs, prev))))
+    with jax.default_matmul_precision("highest"):
+        return float(jnp.max(jnp.abs(hs - jax.vmap(cell)(xs, prev))))
 
 
 # --------------------------------------------------------------------------------------

@@ -220,3 +220,25 @@ def test_gauss_jordan_solves_like_lu():
     mc = m + 1j * jax.random.normal(keys[2], m.shape, jnp.float64)
     bc = b + 1j * jax.random.normal(keys[3], b.shape, jnp.float64)
     assert_allclose(_elk._gauss_jordan(mc, bc), jnp.linalg.solve(mc, bc))
+
+
+def test_tpu_path_matches_sequential(monkeypatch):
+    """What ELK runs on a TPU (the dense Kalman combine scanned in chunks, its blocks
+    solved by elimination), traced here as if the backend were one: the sequential
+    answer, in as many iterations as the default path."""
+    cell, xs, h0 = _problem(37, gain=2.0)
+    solver = SOLVERS["elk-smoother"]
+    traced = []
+    eliminate = _elk._gauss_jordan
+    spy = lambda m, b: traced.append(m.shape) or eliminate(m, b)
+    monkeypatch.setattr(_elk, "_gauss_jordan", spy)
+    here = pscan.recurrence(cell, xs, h0, solver=solver)
+    assert not traced
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    assert solver._scan_method(37) == "chunked"
+    assert pscan.ELK(jacobian="diagonal")._scan_method(37) == "sequential"
+    sol = pscan.recurrence(cell, xs, h0, solver=solver)
+    assert traced  # the filter's combine and the smoother's gains
+    assert sol.result == pscan.RESULTS.successful
+    assert_allclose(sol.hs, scan_cell(cell, xs, h0))
+    assert int(sol.stats["num_iterations"]) == int(here.stats["num_iterations"])

@@ -157,8 +157,8 @@ def sharded_recurrence(
     **Arguments:**
 
     - `cell`, `xs`, `h0`, `throw`, `resets`, `length`: as for `pscan.recurrence`.
-    - `solver`: `pscan.Picard(...)` or `pscan.Newton(...)` (without `fallback`); its
-        `axis_name` is set to `axis_name`.
+    - `solver`: `pscan.Picard(...)`, `pscan.Newton(...)` or `pscan.ELK(...)` (without
+        `fallback`); its `axis_name` is set to `axis_name`.
     - `mesh`: a `jax.sharding.Mesh`.
     - `axis_name`: the mesh axis to split time over.
 
@@ -173,8 +173,8 @@ def sharded_recurrence(
     """
     if not isinstance(solver, AbstractShootingSolver):
         raise ValueError(
-            "pscan.sharded_recurrence: `solver` must be pscan.Picard or pscan.Newton (the "
-            f"solvers that are parallel in time), got {solver!r}"
+            "pscan.sharded_recurrence: `solver` must be pscan.Picard, pscan.Newton or "
+            f"pscan.ELK (the solvers that are parallel in time), got {solver!r}"
         )
     _check_axis("sharded_recurrence", mesh, axis_name)
     solver = dataclasses.replace(solver, axis_name=axis_name)

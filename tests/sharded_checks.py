@@ -134,8 +134,9 @@ def linear(mesh):
 
 
 def nonlinear(mesh):
-    """Picard and Newton across devices: states and implicit gradients equal the
-    exact single-device ones; a user's own shard_map with `axis_name` works too."""
+    """Picard, Newton and ELK across devices: states and implicit gradients equal the
+    exact single-device ones (ELK in as many iterations as on one device); a user's
+    own shard_map with `axis_name` works too."""
     import equinox as eqx
 
     cell = eqx.nn.GRUCell(2, 3, key=jax.random.PRNGKey(0), dtype=jnp.float64)
@@ -144,6 +145,9 @@ def nonlinear(mesh):
         pscan.Picard(chunk_size=4, **tol),
         pscan.Newton(chunk_size=4, **tol),
         pscan.Newton(chunk_size=3, jacobian="diagonal", **tol),
+        pscan.ELK(**tol),
+        pscan.ELK(chunk_size=4, **tol),
+        pscan.ELK(chunk_size=3, jacobian="diagonal", **tol),
     ]
     count = 0
     for length in (5, 37):
@@ -159,6 +163,19 @@ def nonlinear(mesh):
             )
             what = f"T={length} {solver}"
             close(eqx.filter_jit(sharded)(cell, xs, h0), exact(cell, xs, h0), what)
+            if isinstance(solver, pscan.ELK):
+                # the same iteration as on one device (the chunk starts padded to
+                # whole blocks, as sharded_recurrence pads them)
+                block = 4 * solver.chunk_size
+                padded = jnp.concatenate([xs, jnp.repeat(xs[-1:], -length % block, 0)])
+                one = pscan.recurrence(cell, padded, h0, solver=solver)
+                many = pscan.sharded_recurrence(
+                    cell, xs, h0, solver=solver, mesh=mesh, axis_name="time"
+                )
+                n_one = int(one.stats["num_iterations"])
+                n_many = int(many.stats["num_iterations"])
+                assert n_one == n_many, f"{what}: {n_many} iterations, {n_one} on one"
+                assert n_one > 1, what
             loss = lambda f: lambda c, xs, h0: jnp.sum(w * f(c, xs, h0))
             g = eqx.filter_jit(eqx.filter_grad(loss(sharded)))(cell, xs, h0)
             g_ref = filter_grad(loss(exact))(cell, xs, h0)
@@ -176,6 +193,21 @@ def nonlinear(mesh):
             t_ref = jax.jvp(lambda xs, h0: exact(cell, xs, h0), (xs, h0), tangents)[1]
             close(t, t_ref, f"{what}: jvp")
             count += 1
+    # ELK on a chaotic GRU, where its trust region and its choices between candidates
+    # act: the same iterates across devices as on one, to rounding
+    wild = eqx.tree_at(lambda c: c.weight_hh, cell, 3.0 * cell.weight_hh)
+    xs_w = jax.random.normal(jax.random.PRNGKey(1), (120, 2), jnp.float64)
+    for elk in (pscan.ELK, lambda **k: pscan.ELK(chunk_size=2, **k)):
+        elk = elk(rtol=1e-10, atol=1e-10, max_iters=121)
+        one = pscan.recurrence(wild, xs_w, h0, solver=elk)
+        many = pscan.sharded_recurrence(
+            wild, xs_w, h0, solver=elk, mesh=mesh, axis_name="time"
+        )
+        n_one = int(one.stats["num_iterations"])
+        n_many = int(many.stats["num_iterations"])
+        assert n_one == n_many > 10, f"chaotic {elk}: {n_many} iterations, {n_one}"
+        err = float(jnp.max(jnp.abs(one.hs - many.hs)))
+        assert err < 1e-13, f"chaotic {elk}: {err} from one device's"
     # called eagerly (outside any jit)
     eager = pscan.sharded_recurrence(
         cell, xs, h0, solver=solvers[0], mesh=mesh, axis_name="time"
@@ -219,6 +251,8 @@ def nonlinear(mesh):
     for other in (
         pscan.Picard(chunk_size=4, axis_name="time", **tol),
         pscan.Newton(chunk_size=4, jacobian="diagonal", axis_name="time", **tol),
+        pscan.ELK(chunk_size=2, axis_name="time", **tol),
+        pscan.ELK(jacobian="diagonal", axis_name="time", **tol),
     ):
         f_other = jax.shard_map(
             lambda c, xs, h0, s=other: pscan.recurrence(c, xs, h0, solver=s).hs,

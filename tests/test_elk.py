@@ -104,8 +104,8 @@ def test_bad_arguments():
         ValueError, match="`kalman` must be None, 'filter' or 'smoother'"
     ):
         pscan.ELK(kalman="rts")
-    with pytest.raises(ValueError, match="`axis_name` is not supported"):
-        pscan.ELK(axis_name="time")
+    with pytest.raises(ValueError, match="cannot be combined with `axis_name`"):
+        pscan.ELK(fallback="sequential", axis_name="time")
 
 
 def test_kalman_scan_methods_agree():
@@ -180,9 +180,14 @@ def test_kalman_steps_are_least_squares_minimisers(structure, solve, monkeypatch
     y = jax.random.normal(keys[3], (K - 1, d), jnp.float64)
     sigma2 = jax.random.uniform(keys[4], (K - 1,), jnp.float64, 0.1, 10.0)
     alg = _elk._ALGEBRA[_elk.STRUCTURES[structure]]
+    # the first row is h0 (`starts[0]`), known exactly; the last Jacobian is unused
+    jac_all = jnp.concatenate([jac, jnp.full_like(jac[:1], jnp.nan)])
+    implied = jnp.concatenate([starts[:1], ends[:-1]])
+    y_all = jnp.concatenate([starts[:1], y])
+    kappa = jnp.concatenate([jnp.ones(1), 1 / (1 + sigma2)])
     step = lambda smooth: _elk._kalman(
-        alg, jac, ends, starts, y, 1 / (1 + sigma2), "sequential", smooth
-    )
+        alg, jac_all, ends, starts, implied, y_all, kappa, "sequential", smooth, None
+    )[1:]
     mats = jax.vmap(jnp.diag)(jac) if structure == "diagonal" else jac
 
     def minimiser(n):  # over x_1..x_n

@@ -9,6 +9,7 @@ import jax.lax as lax
 import jax.numpy as jnp
 
 from .._associative import SCAN_METHODS, associative_scan, auto_method
+from .._axis import everywhere, shift_backward, shift_forward
 from .._finite import all_along, finite_along
 from ._base import as_python, check_precision
 from ._jacobian import STRUCTURES, DenseJacobian, DiagonalJacobian
@@ -101,36 +102,53 @@ class _Diagonal:
 _ALGEBRA = {DenseJacobian: _Dense, DiagonalJacobian: _Diagonal}
 
 
-def _kalman(alg, jac, ends, starts, y, kappa, method, smooth):
+def _rows(count, axis_name):
+    """The indices in the whole sequence of this device's `count` chunk starts, and
+    how many there are on all devices."""
+    if axis_name is None:
+        return jnp.arange(count), count
+    first = lax.axis_index(axis_name) * count
+    return first + jnp.arange(count), count * lax.axis_size(axis_name)
+
+
+def _kalman(alg, jac, ends, starts, implied, y, kappa, method, smooth, axis_name):
     """The Levenberg-Marquardt step as the posterior mean of a linear-Gaussian
     state-space model, by a parallel Kalman filter and (`smooth=True`)
     Rauch-Tung-Striebel smoother (Särkkä and García-Fernández 2021). Without the
     smoother, row `k` is the filter's mean: the trust-region step of the rows up to
     `k` alone, blind to the rows after it (as Newton's step is).
 
-    Unknowns `x_1..x_n` (the chunk starts after `h0`, `n = K - 1`): dynamics
-    `x_{k+1} = J_k x_k + c_k + w_k`, `w_k ~ N(0, I)`, `c_k = F_k(s_k) - J_k s_k`;
-    the prior of `x_1` is `F_0(h0)` with covariance I (`h0` is exact); observations
-    `y[k]` with variance `sigma2_k`, given as `kappa[k] = 1 / (1 + sigma2_k)` (1: the
-    row is known exactly). `jac[k]` is `J_k` for `k = 0..n-1` (the last chunk's is
-    never used), `ends[k] = F_k(s_k)`.
+    One row per chunk start `x_k` (with `axis_name`, this device's block of them):
+    dynamics `x_{k+1} = J_k x_k + c_k + w_k`, `w_k ~ N(0, I)`, `c_k = F_k(s_k) - J_k
+    s_k`; observations `y[k]` with variance `sigma2_k`, given as `kappa[k] = 1 / (1 +
+    sigma2_k)` (1: the row is known exactly). The first row of the sequence is `h0`,
+    known exactly (`kappa = 1`, `y = h0`); the second has the prior `F_0(h0)` with
+    covariance I. `jac[k] = J_k`, `ends[k] = F_k(s_k)`, `implied[k]` the previous
+    chunk's end (`shift` of `ends`).
+
+    **Returns:**
+
+    The step, `(K, d)` (`h0` on the sequence's first row).
     """
-    n = starts.shape[0] - 1
-    f = jac[1:]  # J_1 .. J_{n-1}: x_k -> x_{k+1}
-    u = ends[1:-1] - alg.mv(f, starts[1:-1])  # c_1 .. c_{n-1}
+    index, total = _rows(starts.shape[0], axis_name)
     eye = alg.eye(jac[:1])[0]
     row = lambda k, x: k.reshape(k.shape + (1,) * (x.ndim - 1))
-    k1, kr = kappa[:1], kappa[1:]
-    # filtering elements (A, b, C, eta, J) for k = 1..n; k = 1 from the prior
-    first_b = ends[:1] + row(k1, y[:1]) * (y[:1] - ends[:1])
-    first_c = (1 - row(k1, eye[None])) * eye[None]
-    a = jnp.concatenate([jnp.zeros_like(eye)[None], row(1 - kr, f) * f])
-    b = jnp.concatenate([first_b, u + row(kr, u) * (y[1:] - u)])
-    c = jnp.concatenate([first_c, row(1 - kr, f) * jnp.broadcast_to(eye, f.shape)])
-    eta = jnp.concatenate(
-        [jnp.zeros_like(y[:1]), row(kr, u) * alg.mv(alg.t(f), y[1:] - u)]
+    # each row's dynamics from the row before it, J_{k-1} and c_{k-1} (zero before
+    # the first row, whose element is then (0, h0, 0, 0, 0))
+    before = lambda x: shift_forward(x, jnp.zeros_like(x[0]), axis_name)
+    f = before(jac)
+    u = before(ends) - alg.mv(f, before(starts))
+    # filtering elements (A, b, C, eta, J); the second row's from its prior
+    first = index == 1
+    a = jnp.where(row(first, f), 0, row(1 - kappa, f) * f)
+    b = jnp.where(
+        row(first, u),
+        implied + row(kappa, y) * (y - implied),
+        u + row(kappa, u) * (y - u),
     )
-    jj = jnp.concatenate([jnp.zeros_like(eye)[None], row(kr, f) * alg.mm(alg.t(f), f)])
+    c = row(1 - kappa, f) * jnp.broadcast_to(eye, f.shape)
+    eta = jnp.where(row(first, u), 0, row(kappa, u) * alg.mv(alg.t(f), y - u))
+    jj = jnp.where(row(first, f), 0, row(kappa, f) * alg.mm(alg.t(f), f))
 
     def combine(e1, e2):  # e1 earlier in time, e2 later
         a1, b1, c1, eta1, j1 = e1
@@ -146,18 +164,25 @@ def _kalman(alg, jac, ends, starts, y, kappa, method, smooth):
         j12 = alg.mm(alg.mm(alg.t(w), j2), a1) + j1
         return a12, b12, c12, eta12, j12
 
-    _, means, covs, _, _ = associative_scan(combine, (a, b, c, eta, jj), method=method)
-    if n == 1 or not smooth:
+    elements = (a, b, c, eta, jj)
+    scan = lambda combine, elements, reverse: associative_scan(
+        combine, elements, reverse=reverse, method=method, axis_name=axis_name
+    )
+    _, means, covs, _, _ = scan(combine, elements, False)
+    if not smooth:
         return means
-    # smoothing elements (E, g) for k = 1..n-1, then (0, m_n)
-    m_k, p_k = means[:-1], covs[:-1]
-    pf = alg.mm(f, p_k)  # F P
+    # smoothing elements (E, g) for every row but the last, from its own dynamics
+    # (the first row's is (0, h0): its covariance is 0); the last row's is (0, m)
+    pf = alg.mm(jac, covs)  # F P
     gain = alg.t(
-        alg.solve(alg.mm(pf, alg.t(f)) + alg.eye(p_k), pf)
+        alg.solve(alg.mm(pf, alg.t(jac)) + alg.eye(covs), pf)
     )  # P F^T (F P F^T + I)^-1
-    g = m_k - alg.mv(gain, alg.mv(f, m_k) + u)
-    e = jnp.concatenate([gain, jnp.zeros_like(gain[:1])])
-    g = jnp.concatenate([g, means[-1:]])
+    last = index == total - 1
+    e = jnp.where(row(last, gain), 0, gain)
+    own = shift_backward(u, axis_name)  # c_k
+    g = jnp.where(
+        row(last, means), means, means - alg.mv(gain, alg.mv(jac, means) + own)
+    )
 
     def compose(later, earlier):  # x_k = E_k x_{k+1} + g_k, applied backward in time
         e2, g2 = later
@@ -165,15 +190,17 @@ def _kalman(alg, jac, ends, starts, y, kappa, method, smooth):
         return alg.mm(e1, e2), alg.mv(e1, g2) + g1
 
     # from the last element back: a reverse scan, whose "earlier" is the later step
-    _, smoothed = associative_scan(compose, (e, g), reverse=True, method=method)
+    _, smoothed = scan(compose, (e, g), True)
     return smoothed
 
 
-def _leading(solved):
-    """The number of leading `True`s along the last axis: the index of the first
-    `False` (one reduction; a cumulative product compiles to a tree of several)."""
-    n = solved.shape[-1]
-    return jnp.min(jnp.where(solved, n, jnp.arange(n)), axis=-1)
+def _leading(solved, axis_name):
+    """The number of leading `True`s along the last axis over the whole sequence
+    (across the devices of `axis_name`): the index of the first `False` (one
+    reduction; a cumulative product compiles to a tree of several)."""
+    index, total = _rows(solved.shape[-1], axis_name)
+    front = jnp.min(jnp.where(solved, total, index), axis=-1)
+    return everywhere(front, axis_name, lax.pmin)
 
 
 class ELK(AbstractShootingSolver):
@@ -241,7 +268,10 @@ class ELK(AbstractShootingSolver):
         on CPU and up to 2048 chunks on a TPU, chunked otherwise; with the dense
         Jacobian chunked on a TPU whatever `K`, as its combine solves `d x d`
         systems).
-    - `axis_name`: must be None (ELK across devices is not implemented).
+    - `axis_name`: inside `shard_map`, the mesh axis that splits time (each device
+        holds a block of consecutive steps, a multiple of `chunk_size`): the Kalman
+        filter and smoother, Newton's step and the candidates' merits run across the
+        devices, as `pscan.Newton`'s solve does. See `pscan.sharded_recurrence`.
     - `precision`: the precision of the cell's float32 matrix products while it
         solves, `"highest"` by default (see `pscan.Newton`: at a TPU's default
         precision ELK took 498 iterations instead of 10 on a mildly chaotic cell at
@@ -288,8 +318,6 @@ class ELK(AbstractShootingSolver):
                 f"pscan.ELK: `method` must be one of {('auto', *SCAN_METHODS)}, got "
                 f"{self.method!r}"
             )
-        if self.axis_name is not None:
-            raise ValueError("pscan.ELK: `axis_name` is not supported yet")
         check_precision("ELK", self.precision)
 
     def matrix_precision(self):
@@ -343,7 +371,9 @@ class ELK(AbstractShootingSolver):
         return all_along(jnp.abs(residual) <= scale, axis=-1)  # NaN: not within
 
     def step(self, chunks, starts, state):
-        if starts.shape[0] == 1:  # one chunk: its start is h0, nothing to solve
+        axis = chunks.axis_name
+        index, total = _rows(starts.shape[0], axis)
+        if total == 1:  # one chunk: its start is h0, nothing to solve
             return starts, {**state, "unsolved": jnp.array(False)}, None
         structure = self.linearisation()
         alg = _ALGEBRA[structure]
@@ -362,21 +392,28 @@ class ELK(AbstractShootingSolver):
         firsts = ends if self.chunk_size == 1 else chunks.first_steps(starts)
         states_residual = firsts - chunks.first_steps(implied)
         solved = self._within(starts, residual) & self._within(firsts, states_residual)
-        exact = jnp.arange(starts.shape[0]) < _leading(solved)
-        after_exact = ~exact & jnp.concatenate([jnp.array([True]), exact[:-1]])
-        known = (exact | after_exact)[1:]
-        y = jnp.where(after_exact[:, None], implied, starts)[1:]
+        exact = index < _leading(solved, axis)  # h0's row always
+        after_exact = ~exact & shift_forward(exact, jnp.array(True), axis)
+        known = exact | after_exact
+        y = jnp.where(after_exact[:, None], implied, starts)
         kappa = jnp.where(known, 1.0, 1 / (1 + radius)).astype(radius.dtype)
         method = self._scan_method(len(starts))
-        coefficients = operator.coefficients()[:-1]  # the last chunk's is not used
         steps = _kalman(
-            alg, coefficients, ends, starts, y, kappa, method, self._smoother
+            alg,
+            operator.coefficients(),
+            ends,
+            starts,
+            implied,
+            y,
+            kappa,
+            method,
+            self._smoother,
+            axis,
         )
         # the rows observed exactly are their observations, bit for bit: in floating
         # point the gain at a known row is not exactly zero, and times a later row
         # held at the bound (chaotic cells) it would undo the exact prefix
-        steps = jnp.where(known[:, None], y, steps)
-        damped = jnp.concatenate([chunks.h0[None], steps])
+        damped = jnp.where(known[:, None], y, steps)
         # the full Newton step (the trust region's unconstrained minimiser), and the
         # damped step, evaluated together (one sweep of twice the width). Newton's
         # step refines the exact prefix (quadratically, which chaotic cells need:
@@ -385,15 +422,15 @@ class ELK(AbstractShootingSolver):
         # pinned as the damped step's are
         newton = newton_starts(chunks, starts, ends, operator)
         if not self._exact_newton:
-            newton = newton.at[1:].set(jnp.where(known[:, None], y, newton[1:]))
+            newton = jnp.where(known[:, None], y, newton)
         both = jnp.stack([damped, newton])
         both_ends = jax.vmap(chunks.ends)(both)
         both_residual = both - jax.vmap(chunks.shift)(both_ends)
         # how many leading starts each candidate solves
-        fronts = _leading(self._within(both, both_residual))
+        fronts = _leading(self._within(both, both_residual), axis)
         further = jnp.sign(fronts[1] - fronts[0])  # +1: Newton's step solves further
         rows = jnp.sum(jnp.abs(both_residual) ** 2, axis=-1)  # (2, K)
-        squares = jnp.sum(rows, axis=-1)
+        squares = everywhere(jnp.sum(rows, axis=-1), axis, lax.psum)
         squares = jnp.where(jnp.isfinite(squares), squares, jnp.inf)
         take_newton = (further > 0) | ((further == 0) & (squares[1] < squares[0]))
         if self._adapts:
@@ -405,14 +442,15 @@ class ELK(AbstractShootingSolver):
         # Newton's run away (chaotic cells), while the trust region holds its own
         front = jnp.where(take_newton, fronts[1], fronts[0])
         worse = ~(rows[1] <= rows[0])  # NaN: worse
-        ahead = (jnp.arange(starts.shape[0]) > front + 1) & worse
+        ahead = (index > front + 1) & worse
         new = jnp.where(ahead[:, None], damped, new)
         # converged once every start solves the recurrence within the tolerances (a
         # short step, at a small radius, is no sign of convergence): those starts are
         # returned unchanged. Rows that are not finite follow non-finite data: they
         # are returned non-finite, for the loop to hold them as such
         finite_rows = finite_along(residual + states_residual, axis=-1)
-        done = all_along(solved | ~finite_rows)
+        done = all_along(solved | ~finite_rows).astype(jnp.int32)
+        done = everywhere(done, axis, lax.pmin) > 0
         unchanged = jnp.where(finite_rows[:, None], starts, jnp.nan)
         new = jnp.where(done, unchanged, new)
         return new, {"radius": radius, "unsolved": ~done}, ends

@@ -240,7 +240,8 @@ class ELK(AbstractShootingSolver):
     An iteration costs more than Newton's: two candidate sweeps, the states' check
     (one more sweep at `chunk_size=1`, one step per chunk otherwise), and a Kalman
     filter besides Newton's linear solve (with `d x d` solves in every combine when
-    dense).
+    dense: at `chunk_size=1` 20-27x DEER's time per iteration on CPU, 15-26x on a TPU
+    v5e, where quasi-ELK's costs about quasi-DEER's).
 
     **Arguments:**
 

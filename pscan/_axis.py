@@ -38,6 +38,27 @@ def varies(x: Array, axis_name: str) -> bool:
     return axis_name in jax.typeof(x).manual_axis_type.varying
 
 
+def zeros_typed_like(aval, axis_name: str | None) -> Array:
+    """Zeros of `aval`'s shape and dtype (an array or a `jax.ShapeDtypeStruct`), typed
+    as varying across `axis_name` where `aval` is (inside `shard_map` with its
+    variance checks on)."""
+    zeros = jnp.zeros(aval.shape, aval.dtype)
+    manual = getattr(aval, "manual_axis_type", None)
+    if axis_name is not None and axis_name in getattr(manual, "varying", ()):
+        zeros = varying(zeros, axis_name)
+    return zeros
+
+
+def global_rows(count: int, axis_name: str | None) -> tuple[Array, int | Array]:
+    """For `count` consecutive rows on each device of `axis_name` (chunks, in device
+    order): the indices of this device's rows in the whole sequence, and how many
+    rows all the devices hold."""
+    if axis_name is None:
+        return jnp.arange(count), count
+    first = lax.axis_index(axis_name) * count
+    return first + jnp.arange(count), count * lax.axis_size(axis_name)
+
+
 def everywhere(x: Array, axis_name: str | None, reduce) -> Array:
     """`x` reduced over the devices of `axis_name` with `reduce` (e.g. `lax.pmax`)."""
     return x if axis_name is None else reduce(x, axis_name)

@@ -39,10 +39,12 @@ from jaxtyping import Array, PyTree
 
 from .._axis import (
     everywhere,
+    global_rows,
     shift_backward,
     shift_forward,
     varies,
     varying,
+    zeros_typed_like,
 )
 from .._chunking import from_chunks, to_chunks
 from .._finite import finite_everywhere
@@ -383,10 +385,10 @@ def boundary_solve(
     # all of them, the iteration is the exact sweep, done in parallel
     zeros = jnp.zeros_like(like)
     rest = jax.eval_shape(lambda: product(zeros)[1])
-    init = (zeros, jax.tree_util.tree_map(lambda r: _zeros(r, axis), rest))
+    init = (zeros, jax.tree_util.tree_map(lambda r: zeros_typed_like(r, axis), rest))
     dtype = like.real.dtype
     if solver.fallback is None:
-        chunks = like.shape[0] * (1 if axis is None else lax.psum(1, axis))
+        chunks = global_rows(like.shape[0], axis)[1]
         out = loop(body, init, chunks + 1, dtype)[0]
         return out if extra else out[0]
     # `fallback="sequential"`: at most `max_iters` iterations, then the sweep itself
@@ -399,16 +401,6 @@ def boundary_solve(
 
     out = lax.cond(change <= 1, lambda: out, exact)
     return out if extra else out[0]
-
-
-def _zeros(aval, axis_name):
-    """Zeros of `aval`'s shape and dtype, typed as varying across `axis_name` where
-    `aval` is (inside `shard_map` with its variance checks on)."""
-    zeros = jnp.zeros(aval.shape, aval.dtype)
-    manual = getattr(aval, "manual_axis_type", None)
-    if axis_name is not None and axis_name in getattr(manual, "varying", ()):
-        zeros = varying(zeros, axis_name)
-    return zeros
 
 
 def _exact_sweep(affine_one, per_chunk, edge, reverse):

@@ -9,7 +9,7 @@ import jax.lax as lax
 import jax.numpy as jnp
 
 from .._associative import SCAN_METHODS, associative_scan, auto_method
-from .._axis import everywhere, shift_backward, shift_forward
+from .._axis import everywhere, global_rows, shift_backward, shift_forward
 from .._finite import all_along, finite_along
 from ._base import as_python, check_precision
 from ._jacobian import STRUCTURES, DenseJacobian, DiagonalJacobian
@@ -102,15 +102,6 @@ class _Diagonal:
 _ALGEBRA = {DenseJacobian: _Dense, DiagonalJacobian: _Diagonal}
 
 
-def _rows(count, axis_name):
-    """The indices in the whole sequence of this device's `count` chunk starts, and
-    how many there are on all devices."""
-    if axis_name is None:
-        return jnp.arange(count), count
-    first = lax.axis_index(axis_name) * count
-    return first + jnp.arange(count), count * lax.axis_size(axis_name)
-
-
 def _kalman(alg, jac, ends, starts, implied, y, kappa, method, smooth, axis_name):
     """The Levenberg-Marquardt step as the posterior mean of a linear-Gaussian
     state-space model, by a parallel Kalman filter and (`smooth=True`)
@@ -130,7 +121,7 @@ def _kalman(alg, jac, ends, starts, implied, y, kappa, method, smooth, axis_name
 
     The step, `(K, d)` (`h0` on the sequence's first row).
     """
-    index, total = _rows(starts.shape[0], axis_name)
+    index, total = global_rows(starts.shape[0], axis_name)
     eye = alg.eye(jac[:1])[0]
     row = lambda k, x: k.reshape(k.shape + (1,) * (x.ndim - 1))
     # each row's dynamics from the row before it, J_{k-1} and c_{k-1} (zero before
@@ -198,7 +189,7 @@ def _leading(solved, axis_name):
     """The number of leading `True`s along the last axis over the whole sequence
     (across the devices of `axis_name`): the index of the first `False` (one
     reduction; a cumulative product compiles to a tree of several)."""
-    index, total = _rows(solved.shape[-1], axis_name)
+    index, total = global_rows(solved.shape[-1], axis_name)
     front = jnp.min(jnp.where(solved, total, index), axis=-1)
     return everywhere(front, axis_name, lax.pmin)
 
@@ -373,7 +364,7 @@ class ELK(AbstractShootingSolver):
 
     def step(self, chunks, starts, state):
         axis = chunks.axis_name
-        index, total = _rows(starts.shape[0], axis)
+        index, total = global_rows(starts.shape[0], axis)
         if total == 1:  # one chunk: its start is h0, nothing to solve
             return starts, {**state, "unsolved": jnp.array(False)}, None
         structure = self.linearisation()

@@ -134,8 +134,9 @@ def test_check_grads(name):
         pscan.Sequential(),
         pscan.Newton(chunk_size=8, rtol=1e-12, atol=1e-12),
         pscan.Picard(chunk_size=4, rtol=1e-12, atol=1e-12),
+        pscan.ELK(chunk_size=4, rtol=1e-12, atol=1e-12),
     ],
-    ids=["Sequential", "Newton", "Picard"],
+    ids=["Sequential", "Newton", "Picard", "ELK"],
 )
 @pytest.mark.parametrize("name", ["ElmanCell", "MinGRU"])
 def test_explicit_solver(name, solver):
@@ -269,10 +270,15 @@ def test_custom_cells():
 
 @pytest.mark.parametrize(
     "solver",
-    [pscan.Newton(chunk_size=8, rtol=1e-12, atol=1e-12), pscan.Picard(chunk_size=8)],
+    [
+        pscan.Newton(chunk_size=8, rtol=1e-12, atol=1e-12),
+        pscan.Picard(chunk_size=8),
+        pscan.ELK(chunk_size=8, rtol=1e-12, atol=1e-12),
+    ],
+    ids=["Newton", "Picard", "ELK"],
 )
 def test_lru_through_iterative_solvers(solver):
-    """`LRU`'s complex state through Newton/Picard: outputs and gradients equal the
+    """`LRU`'s complex state through Newton/Picard/ELK: outputs and gradients equal the
     exact linear path's."""
     layer = nn.Recurrence(nn.LRU(1, 4, key=jax.random.PRNGKey(0)))
     xs = jax.random.normal(jax.random.PRNGKey(1), (37, 1))

@@ -29,6 +29,8 @@ SOLVERS = {
     "shooting": pscan.Newton(chunk_size=8, **TIGHT),
     "quasi-shooting": pscan.Newton(chunk_size=5, jacobian="diagonal", **TIGHT),
     "damped": pscan.Newton(chunk_size=4, damping=0.3, **TIGHT),
+    "elk": pscan.ELK(**TIGHT),
+    "quasi-elk-chunked": pscan.ELK(chunk_size=4, jacobian="diagonal", **TIGHT),
 }
 LENGTH = 37  # a prime: no chunk size divides it
 
@@ -63,11 +65,13 @@ def test_matches_sequential(solver, cell_name):
     for x, y in zip(jax.tree_util.tree_leaves(sol.hs), jax.tree_util.tree_leaves(ref)):
         assert x.shape == y.shape and x.dtype == y.dtype
         np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-10)
+    own = {"radius"} if isinstance(solver, pscan.ELK) else set()
     assert set(sol.stats) == {
         "num_iterations",
         "max_residual",
         "fell_back",
         "num_at_bound",
+        *own,
     }
 
 
@@ -75,7 +79,7 @@ def test_matches_sequential(solver, cell_name):
 def test_float32(solver):
     cell, h0 = make_cell("gru", jnp.float32, n_hidden=8)
     xs = make_xs(200, dtype=jnp.float32)
-    if isinstance(solver, (pscan.Picard, pscan.Newton)):
+    if isinstance(solver, pscan.AbstractShootingSolver):
         solver = dataclasses.replace(solver, rtol=1e-6, atol=1e-6)
     sol = solve(cell, xs, h0, solver=solver)
     assert sol.hs.dtype == jnp.float32
@@ -83,7 +87,7 @@ def test_float32(solver):
 
 
 @pytest.mark.parametrize("length", [1, 2, 8, 9])
-@pytest.mark.parametrize("solver", ["picard", "shooting", "deer"])
+@pytest.mark.parametrize("solver", ["picard", "shooting", "deer", "elk"])
 def test_short_sequences(solver, length):
     cell, h0 = make_cell("elman")
     xs = make_xs(length)
@@ -91,7 +95,9 @@ def test_short_sequences(solver, length):
     assert_allclose(sol.hs, scan_cell(cell, xs, h0))
 
 
-@pytest.mark.parametrize("solver", ["picard", "shooting", "quasi-deer"])
+@pytest.mark.parametrize(
+    "solver", ["picard", "shooting", "quasi-deer", "elk", "quasi-elk-chunked"]
+)
 def test_vmap_over_batch(solver):
     cell, h0 = make_cell("gru")
     xs = jnp.stack([make_xs(LENGTH, seed=s) for s in range(3)])
@@ -133,7 +139,9 @@ def test_gradients_match_scan_autodiff(solver, cell_name):
         np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-10)
 
 
-@pytest.mark.parametrize("solver", ["picard", "shooting", "quasi-shooting"])
+@pytest.mark.parametrize(
+    "solver", ["picard", "shooting", "quasi-shooting", "quasi-elk-chunked"]
+)
 def test_check_grads(solver):
     """Forward and reverse mode against finite differences."""
     cell, h0 = make_cell("elman", n_hidden=2)
@@ -213,7 +221,7 @@ def test_checkpointed_gradient_memory():
     )
 
 
-@pytest.mark.parametrize("make", [pscan.Picard, pscan.Newton])
+@pytest.mark.parametrize("make", [pscan.Picard, pscan.Newton, pscan.ELK])
 def test_gradient_memory_is_that_of_autodiff_through_a_scan(make):
     """The implicit gradient of the chunked solvers holds what autodiff through
     `lax.scan` does, within 10% (XLA temp, GRU 1 -> 32, T = 4096, float32): the
@@ -325,10 +333,11 @@ def test_derivative_iterations_go_on_to_the_exact_answer(make):
     assert_exact_derivatives(solver, cell, xs, h0, guess=guess)
 
 
-def test_not_converged_raises():
+@pytest.mark.parametrize("make", [pscan.Newton, pscan.ELK])
+def test_not_converged_raises(make):
     cell, h0 = _chaotic()
     xs = make_xs(60)
-    solver = pscan.Newton(max_iters=2, rtol=1e-12, atol=1e-12)
+    solver = make(max_iters=2, rtol=1e-12, atol=1e-12)
     sol = pscan.recurrence(cell, xs, h0, solver=solver, throw=False)
     assert sol.result == pscan.RESULTS.max_iters_reached
     assert int(sol.stats["num_iterations"]) == 2
@@ -574,6 +583,9 @@ NONFINITE_SOLVERS = {
     "quasi-deer": pscan.Newton(jacobian="diagonal", **TIGHT),
     "shooting": pscan.Newton(chunk_size=4, **TIGHT),
     "fallback": pscan.Newton(chunk_size=4, max_iters=2, fallback="sequential", **TIGHT),
+    "elk-fallback": pscan.ELK(
+        chunk_size=4, max_iters=2, fallback="sequential", **TIGHT
+    ),
 }
 
 
@@ -620,7 +632,7 @@ def test_nonfinite_input_flagged_on_a_long_sequence(solver):
     assert_allclose(sol.hs[:10000], ref[:10000])
 
 
-@pytest.mark.parametrize("make", [pscan.Picard, pscan.Newton])
+@pytest.mark.parametrize("make", [pscan.Picard, pscan.Newton, pscan.ELK])
 def test_pure_relative_tolerance(make):
     """`atol=0` with states that are exactly zero: no 0/0, converges as usual."""
 
@@ -640,13 +652,14 @@ def test_pure_relative_tolerance(make):
     assert_allclose(sol.hs, scan_cell(cell, xs, h0))
 
 
-def test_fallback_returns_the_sequential_states():
+@pytest.mark.parametrize("make", [pscan.Newton, pscan.ELK])
+def test_fallback_returns_the_sequential_states(make):
     """`fallback="sequential"` returns exactly what `Sequential()` returns, bit for bit
     (on a chaotic float32 cell, rerunning chunks from sequential starts would not)."""
     cell, h0 = _chaotic()
     cell, h0 = to_dtype(cell, jnp.float32), h0.astype(jnp.float32)
     xs = make_xs(60, dtype=jnp.float32)
-    fb = pscan.Newton(chunk_size=4, max_iters=2, fallback="sequential")
+    fb = make(chunk_size=4, max_iters=2, fallback="sequential")
     sol = solve(cell, xs, h0, solver=fb)
     assert bool(sol.stats["fell_back"])
     np.testing.assert_array_equal(sol.hs, solve(cell, xs, h0).hs)
@@ -663,6 +676,7 @@ WARM = {
     "picard": pscan.Picard(chunk_size=8, rtol=1e-8, atol=1e-8),
     "shooting": pscan.Newton(chunk_size=8, rtol=1e-8, atol=1e-8),
     "deer": pscan.Newton(rtol=1e-8, atol=1e-8),
+    "elk": pscan.ELK(chunk_size=2, rtol=1e-8, atol=1e-8),
 }
 
 

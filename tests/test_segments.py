@@ -194,6 +194,8 @@ SOLVERS = {
     "fallback": pscan.Newton(
         chunk_size=CHUNK, max_iters=1, fallback="sequential", **TIGHT
     ),
+    "elk": pscan.ELK(**TIGHT),
+    "elk-chunked": pscan.ELK(chunk_size=CHUNK, **TIGHT),
 }
 
 
@@ -262,7 +264,7 @@ def test_resets_are_separate_segments(solver):
 
 
 @pytest.mark.parametrize(
-    "solver", [SOLVERS[k] for k in ("sequential", "picard", "shooting")]
+    "solver", [SOLVERS[k] for k in ("sequential", "picard", "shooting", "elk-chunked")]
 )
 def test_reverse_and_length(solver):
     """`reverse=True` with resets runs each segment backward from its last step; with

@@ -1,4 +1,7 @@
 import dataclasses
+import os
+import subprocess
+import sys
 
 import equinox as eqx
 import jax
@@ -810,3 +813,42 @@ def test_precision_is_checked():
     assert pscan.Newton(precision="float32").matrix_precision() == "float32"
     assert pscan.Picard(precision=None).matrix_precision() is None
     assert pscan.Sequential().matrix_precision() is None
+
+
+def test_x64_disabled():
+    """With `jax_enable_x64` off (JAX's default), the iterating solvers run in float32
+    from float64 NumPy inputs: states, gradients and tangents float32 and right (their
+    loops' counters and flags are int32 and bool there)."""
+    code = """
+import equinox as eqx, jax, jax.numpy as jnp, numpy as np, pscan
+assert not jax.config.jax_enable_x64
+cell = eqx.nn.GRUCell(2, 4, key=jax.random.PRNGKey(0))
+xs = np.random.default_rng(0).normal(size=(23, 2))
+scan = lambda c, xs: jax.lax.scan(lambda h, x: (c(x, h),) * 2, jnp.zeros(4), xs)[1]
+ref = scan(cell, jnp.asarray(xs, jnp.float32))
+loss = lambda f: lambda c: jnp.sum(f(c, jnp.asarray(xs, jnp.float32)) ** 2)
+g_ref = eqx.filter_grad(loss(scan))(cell).weight_hh
+x32 = jnp.asarray(xs, jnp.float32)
+step = lambda h0: jax.lax.scan(lambda h, x: (cell(x, h),) * 2, h0, x32)[1]
+t_ref = jax.jvp(step, (jnp.zeros(4),), (jnp.ones(4),))[1]
+for solver in (pscan.Picard(chunk_size=4), pscan.Newton(chunk_size=4),
+               pscan.ELK(chunk_size=4, jacobian="diagonal")):
+    f = lambda c, xs: pscan.recurrence(c, xs, np.zeros(4), solver=solver).hs
+    hs = f(cell, xs)
+    assert hs.dtype == jnp.float32, hs.dtype
+    np.testing.assert_allclose(hs, ref, rtol=1e-4, atol=1e-4)
+    g = eqx.filter_grad(loss(f))(cell).weight_hh
+    assert g.dtype == jnp.float32
+    np.testing.assert_allclose(g, g_ref, rtol=1e-3, atol=1e-4)
+    t = jax.jvp(lambda h0: pscan.recurrence(cell, xs, h0, solver=solver).hs,
+                (jnp.zeros(4),), (jnp.ones(4),))[1]
+    assert t.dtype == jnp.float32
+    np.testing.assert_allclose(t, t_ref, rtol=1e-3, atol=1e-4)
+print("ok")
+"""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"}
+    env["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"  # as this process compiles
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr

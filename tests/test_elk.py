@@ -5,6 +5,7 @@ data, and clear errors."""
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import pscan
@@ -247,3 +248,31 @@ def test_tpu_path_matches_sequential(monkeypatch):
     assert sol.result == pscan.RESULTS.successful
     assert_allclose(sol.hs, scan_cell(cell, xs, h0))
     assert int(sol.stats["num_iterations"]) == int(here.stats["num_iterations"])
+
+
+@pytest.mark.parametrize(
+    "dtype, solver",
+    [(jnp.bfloat16, pscan.ELK()), (jnp.float16, pscan.ELK(chunk_size=4))],
+    ids=["bfloat16", "float16"],
+)
+def test_half_precision(dtype, solver):
+    """Dense ELK in half precision (its Kalman combine's LU runs in float32: LAPACK
+    has none in bfloat16 or float16): converged, the states of `Sequential` in that
+    precision, a gradient of that dtype close to float32's."""
+    cell, xs, h0 = _problem(37)
+    half = lambda t: jax.tree_util.tree_map(
+        lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x, t
+    )
+    run = lambda solver, h0: pscan.recurrence(half(cell), half(xs), h0, solver=solver)
+    exact = run(pscan.Sequential(), half(h0)).hs.astype(jnp.float64)
+    sol = run(solver, half(h0))
+    assert sol.result == pscan.RESULTS.successful and sol.hs.dtype == dtype
+    close = lambda x, y, tol: np.testing.assert_allclose(
+        np.asarray(x, np.float64), y, rtol=tol, atol=tol
+    )
+    close(sol.hs, exact, 2e-2)
+    loss = lambda h0: jnp.sum(run(solver, h0).hs.astype(jnp.float32))
+    g = jax.grad(loss)(half(h0))
+    g_ref = jax.grad(lambda h0: jnp.sum(scan_cell(cell, xs, h0)))(h0)
+    assert g.dtype == dtype
+    close(g, g_ref, 5e-2)

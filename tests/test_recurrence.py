@@ -746,7 +746,7 @@ def test_complex_states(solver):
     )
 
 
-@pytest.mark.parametrize("solver", ["picard", "shooting", "quasi-deer"])
+@pytest.mark.parametrize("solver", ["picard", "shooting", "quasi-deer", "elk"])
 def test_cell_closing_over_parameters(solver):
     """A plain function closing over an array that is differentiated (not a module):
     exact gradients and tangents through the implicit rules, as `lax.scan`'s."""

@@ -225,17 +225,20 @@ def test_checkpointed_gradient_memory():
 
 
 @pytest.mark.parametrize("make", [pscan.Picard, pscan.Newton, pscan.ELK])
-def test_gradient_memory_is_that_of_autodiff_through_a_scan(make):
-    """The implicit gradient of the chunked solvers holds what autodiff through
-    `lax.scan` does, within 10% (XLA temp, GRU 1 -> 32, T = 4096, float32): the
-    derivatives' own fallbacks (a `lax.cond` branch) must not hold `T x d` buffers
-    of their own (a sweep over every step at once took 1.34x)."""
+@pytest.mark.parametrize("length", [4096, 4000])
+def test_gradient_memory_is_below_autodiff_through_a_scan(make, length):
+    """The implicit gradient of the chunked solvers holds less than autodiff through
+    `lax.scan` (XLA temp, GRU 1 -> 32, float32, a multiple of the chunk size and not):
+    the chunk runs are pulled back step by step from their states, each step
+    recomputed, not from every step's residuals (they held 1.01-1.25x `lax.scan`'s,
+    now 0.25-0.6x); the derivatives' own fallbacks (a `lax.cond` branch) must not hold
+    `T x d` buffers of their own (a sweep over every step at once took 1.34x)."""
     cell = eqx.nn.GRUCell(1, 32, key=jax.random.PRNGKey(0))
     h0 = jnp.zeros(32)
-    xs = make_xs(4096, n_in=1, dtype=jnp.float32)
+    xs = make_xs(length, n_in=1, dtype=jnp.float32)
     temp_bytes = lambda solver: _gradient_temp_bytes(cell, xs, h0, solver)
     base = temp_bytes(pscan.Sequential())
-    assert temp_bytes(make(chunk_size=64)) <= 1.1 * base
+    assert temp_bytes(make(chunk_size=64)) <= 0.65 * base
 
 
 def test_forward_reads_the_states_out_without_a_copy():

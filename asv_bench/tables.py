@@ -254,6 +254,7 @@ def gradmem(args):
             chunk_size=chunk, jacobian="diagonal", **tol
         ),
         "Newton(diagonal) = quasi-DEER": pscan.Newton(jacobian="diagonal", **tol),
+        f"ELK(chunk_size={chunk})": pscan.ELK(chunk_size=chunk, **tol),
     }
     print(f"# GRU, float32, jax {jax.__version__}, backend {jax.default_backend()}")
     header = ["T", "d", "solver", "XLA temp fwd (MiB)", "XLA temp grad (MiB)"]

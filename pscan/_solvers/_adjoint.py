@@ -346,8 +346,8 @@ def _cotangent(inputs, static, solver, starts, hs, ct_hs):
         return ct_params, ct_xs, mu[0]
 
     def exact():
-        # an exact Jacobian gives `mu` before the chunk runs are linearised: the K
-        # Jacobians and the runs' residuals are never alive together. `c[k]` is one
+        # an exact Jacobian gives `mu` before the chunk runs are pulled back: the K
+        # Jacobians and that pull's buffers are never alive together. `c[k]` is one
         # more row of the same forward-mode pass: the derivative of the chunk's
         # weighted sum of states `sum(ct_k * hs_k)` (accumulated as it runs)
         def end_and_weighted(s, xs_ct):

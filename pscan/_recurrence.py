@@ -39,16 +39,17 @@ def recurrence(
     only `cell.step` runs step by step.
 
     Gradients with respect to the cell's parameters, `xs` and `h0` are exact for every
-    solver. `Sequential` is differentiated by autodiff through its scan; `Picard` and
-    `Newton` implicitly, at their solution, never backpropagating through iterations:
-    the backward pass linearises every chunk run once and solves the transposed
+    solver. `Sequential` is differentiated by autodiff through its scan; `Picard`,
+    `Newton` and `ELK` implicitly, at their solution, never backpropagating through
+    iterations: the backward pass pulls every chunk run back step by step from the
+    states (each step recomputed, no per-step residuals kept) and solves the transposed
     recurrence over chunk boundaries as the forward solved its own (dense Jacobians at
     once with `pscan.linear_recurrence`; diagonal ones as a preconditioner; Picard by
     vector-Jacobian products alone; such an iteration goes on until it converges,
     exact after K iterations, or with `fallback="sequential"` sweeps the chunks
     sequentially after `max_iters`). Forward mode (`jax.jvp`, `jax.jacfwd`) is implicit
     the same way, the same recurrence solved in forward time. Second derivatives
-    through `Picard` and `Newton` raise `NotImplementedError`.
+    through `Picard`, `Newton` and `ELK` raise `NotImplementedError`.
 
     **Arguments:**
 

@@ -288,8 +288,9 @@ def _first_order_only(x):
 @_first_order_only.defjvp
 def _first_order_only_jvp(primals, tangents):
     raise NotImplementedError(
-        "pscan: derivatives of second order (and higher) through `Picard` and `Newton` "
-        "are not implemented; use `pscan.Sequential` for them"
+        "pscan: derivatives of second order (and higher) through the iterating solvers "
+        "(`Picard`, `Newton`, `ELK`, your own) are not implemented; use "
+        "`pscan.Sequential` for them"
     )
 
 

@@ -242,6 +242,18 @@ def test_gradient_memory_is_below_autodiff_through_a_scan(make, length):
     assert temp_bytes(make(chunk_size=64)) <= 0.65 * base
 
 
+def test_quasi_deer_gradient_recomputes_its_steps():
+    """Quasi-DEER's gradient (chunks of one step, an iterated backward) recomputes the
+    steps in every product instead of keeping their residuals: below `lax.scan`'s
+    temporaries (GRU 1 -> 32, T = 4096: 0.89x; it held 1.75x)."""
+    cell = eqx.nn.GRUCell(1, 32, key=jax.random.PRNGKey(0))
+    h0 = jnp.zeros(32)
+    xs = make_xs(4096, n_in=1, dtype=jnp.float32)
+    temp_bytes = lambda solver: _gradient_temp_bytes(cell, xs, h0, solver)
+    quasi = pscan.Newton(jacobian="diagonal")
+    assert temp_bytes(quasi) <= temp_bytes(pscan.Sequential())
+
+
 def test_forward_reads_the_states_out_without_a_copy():
     """The chunk runs write their states where `(T, d)` reshapes to `(K, C, d)`: the
     forward's XLA temp holds no `T x d` array besides the output (a vectorised

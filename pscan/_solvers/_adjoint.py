@@ -27,11 +27,13 @@ an exact sequential sweep over the chunks.
 saves only the inputs, the chunk starts and the states, and recomputes in the
 backward pass.
 
-Memory: the backward pulls the chunk runs back step by step from their states, each
-step recomputed (`_pull_at_states`): it keeps no per-step residuals (autodiff through
-`lax.scan` keeps every step's), and never, at the same time as anything T-long of its
-own, the forward's temporaries or dense Jacobians (see `_cotangent`). Chunks of one
-step (DEER's) are pulled back through one linearisation instead.
+Memory: for chunks of C > 1 steps the backward pulls the chunk runs back step by step
+from their states, each step recomputed (`_pull_at_states`): no per-step residuals
+(autodiff through `lax.scan` keeps every step's). Chunks of one step (DEER's) have no
+loop: an iteration (quasi-DEER's) recomputes them in every product (`_runs(remat=True)`),
+DEER's single product keeps their residuals. The backward never holds, at the same
+time, the forward's temporaries or dense Jacobians and a pull's buffers (see
+`_cotangent`).
 """
 
 import equinox as eqx
@@ -175,18 +177,22 @@ def _split_xs(xs_chunks):
     return eqx.partition(xs_chunks, eqx.is_inexact_array)
 
 
-def _runs(inputs, static, rest, emit=True):
+def _runs(inputs, static, rest, emit=True, remat=False):
     """`runs(params, starts, xs)`: every chunk from its start, vectorised, the
     parameters unbatched (so that their tangents and cotangents are summed over the
     chunks inside one product, never copied per chunk).
 
     Chunks of one step (DEER's) are run in 8 groups, one after another: a product's
     temporaries are then those of T / 8 steps, not of all T at once (chunks of
-    C > 1 steps already run one step of each chunk at a time, T / C at once)."""
+    C > 1 steps already run one step of each chunk at a time, T / C at once). With
+    `remat`, a VJP of them keeps no residuals: each group's steps are recomputed in
+    every product, as `_pull_at_states` does for longer chunks."""
 
     def runs(params, starts, floating):
         xs_chunks = eqx.combine(floating, rest)
         one = lambda a: _problem(inputs, static, params).scan(*a, emit=emit)
+        if remat:
+            one = jax.checkpoint(one)
         if jax.tree_util.tree_leaves(xs_chunks)[0].shape[1] == 1:
             batch = -(-starts.shape[0] // 8)
             return lax.map(one, (starts, xs_chunks), batch_size=batch)
@@ -323,11 +329,13 @@ def _cotangent(inputs, static, solver, starts, hs, ct_hs):
         return vjp((ct_k, m))[0]
 
     def linearised(mu=None):
-        # the VJP of every chunk run, from their states or (one step per chunk) from
-        # one linearisation: `pull(m)[1][k] = c[k] + J_k^T m[k]`, with `c[k] = (d hs_k
-        # / d s_k)^T ct_k`
+        # the VJP of every chunk run: `pull(m)[1][k] = c[k] + J_k^T m[k]`, with
+        # `c[k] = (d hs_k / d s_k)^T ct_k`
         if c == 1:  # one step per chunk: no loop to run backward
-            _, vjp = jax.vjp(_runs(inputs, static, rest), *primal)
+            # an iteration (`mu` unknown) keeps no residuals: its memory is that of the
+            # quasi-Newton methods' use; the exact path pulls back once, from them
+            remat = mu is None
+            _, vjp = jax.vjp(_runs(inputs, static, rest, remat=remat), *primal)
             pull = lambda m: vjp((ct_chunks, m))
         else:
             states = to_chunks(hs, c, fill=hs[-1])

@@ -201,7 +201,7 @@ def _runs(inputs, static, rest, emit=True, remat=False):
     return runs
 
 
-def _pull_at_states(static, primal, rest, states, ct_chunks):
+def _pull_at_states(inputs, static, primal, rest, states, ct_chunks):
     """`m -> (ct_params, ct_starts, ct_floating)`: the VJP of every chunk run from its
     start (`primal = (params, starts, floating)`), with cotangents `ct_chunks` on its
     states and `m` on its end, run backward over the steps of all chunks at once from
@@ -214,28 +214,26 @@ def _pull_at_states(static, primal, rest, states, ct_chunks):
     recomputed step more than one from residuals: past about 7 products (a boundary
     iteration that needs many) the residuals' way would be faster, not lighter."""
     params, starts, floating = primal
-    cell = lambda p: eqx.combine(p, static.params)
-
-    def inputs_of(p, f):  # the steps' inputs `z` (the inexact ones: differentiable)
-        z = eqx.combine(f, rest)
-        if static.project is not None:
-            z = jax.vmap(jax.vmap(lambda x: static.project(cell(p), x)))(z)
-        return z
-
-    z_all = inputs_of(params, floating)
-    z_rest = eqx.filter(z_all, eqx.is_inexact_array, inverse=True)
-    z_float, pull_z = jax.vjp(
-        lambda p, f: eqx.filter(inputs_of(p, f), eqx.is_inexact_array), params, floating
+    # the steps' inputs `z`: the inexact ones differentiable (one projection)
+    split = lambda p, f: eqx.partition(
+        _problem(inputs, static, p).project_chunks(eqx.combine(f, rest)),
+        eqx.is_inexact_array,
     )
+    z_float, pull_z, z_rest = jax.vjp(split, params, floating, has_aux=True)
     # the state before every step: the chunk's start, then its states
     before = jnp.concatenate([starts[:, None], states[:, :-1]], axis=1)
 
     def back(carry, x):
         lam, ct_params = carry
         zf, zr, h, ct = x
-        advance = lambda p, zf, h: jax.vmap(
-            lambda zf, zr, h: static.step(cell(p), eqx.combine(zf, zr), h)
-        )(zf, zr, h)
+
+        def advance(p, zf, h):
+            problem = _problem(inputs, static, p)
+            step = lambda zf, zr, h: problem.step(
+                problem.params, eqx.combine(zf, zr), h
+            )
+            return jax.vmap(step)(zf, zr, h)
+
         _, vjp = jax.vjp(advance, params, zf, h)
         ct_p, ct_z, lam = vjp(lam + ct)
         return (lam, jax.tree_util.tree_map(jnp.add, ct_params, ct_p)), ct_z
@@ -339,7 +337,7 @@ def _cotangent(inputs, static, solver, starts, hs, ct_hs):
             pull = lambda m: vjp((ct_chunks, m))
         else:
             states = to_chunks(hs, c, fill=hs[-1])
-            pull = _pull_at_states(static, primal, rest, states, ct_chunks)
+            pull = _pull_at_states(inputs, static, primal, rest, states, ct_chunks)
         if mu is None:
             jac = None
             if structure is not None:

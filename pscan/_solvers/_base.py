@@ -113,6 +113,13 @@ class Problem(eqx.Module):
         h_final, hs = lax.scan(body, h0, xs, unroll=unroll)
         return hs, h_final
 
+    def project_chunks(self, xs: PyTree[Array]) -> PyTree[Array]:
+        """The steps' inputs `z` for inputs in chunks (leading axes `(K, C)`):
+        `project` applied to every step at once, or `xs` itself when it is None."""
+        if self.project is None:
+            return xs
+        return jax.vmap(jax.vmap(lambda x: self.project(self.params, x)))(xs)
+
     def scan_chunks(self, starts: Array, xs: PyTree[Array]) -> Array:
         """Every chunk's states, each chunk from its start: `jax.vmap(self.scan)` in
         value, but run as one loop over the steps of all chunks at once that reads
@@ -130,8 +137,7 @@ class Problem(eqx.Module):
         The states `(K, C, d)`.
         """
         params = self.params
-        if self.project is not None:
-            xs = jax.vmap(jax.vmap(lambda x: self.project(params, x)))(xs)
+        xs = self.project_chunks(xs)
         advance = jax.vmap(lambda h, z: self.step(params, z, h))
 
         def step(h, z):

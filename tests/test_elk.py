@@ -11,7 +11,7 @@ import pytest
 import pscan
 from pscan._solvers import _elk
 
-from .helpers import assert_allclose, assert_exact_derivatives, scan_cell
+from .helpers import assert_allclose, assert_exact_derivatives, scan_cell, to_dtype
 
 TIGHT = dict(rtol=1e-12, atol=1e-12)
 SOLVERS = {
@@ -260,9 +260,7 @@ def test_half_precision(dtype, solver):
     has none in bfloat16 or float16): converged, the states of `Sequential` in that
     precision, a gradient of that dtype close to float32's."""
     cell, xs, h0 = _problem(37)
-    half = lambda t: jax.tree_util.tree_map(
-        lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x, t
-    )
+    half = lambda t: to_dtype(t, dtype)
     run = lambda solver, h0: pscan.recurrence(half(cell), half(xs), h0, solver=solver)
     exact = run(pscan.Sequential(), half(h0)).hs.astype(jnp.float64)
     sol = run(solver, half(h0))

@@ -114,8 +114,17 @@ class Problem(eqx.Module):
         return hs, h_final
 
     def project_chunks(self, xs: PyTree[Array]) -> PyTree[Array]:
-        """The steps' inputs `z` for inputs in chunks (leading axes `(K, C)`):
-        `project` applied to every step at once, or `xs` itself when it is None."""
+        """The steps' inputs `z` of inputs in chunks: `project` applied to every step
+        at once (`xs` itself when it is None).
+
+        **Arguments:**
+
+        - `xs`: the inputs in chunks, leading axes `(K, C)`.
+
+        **Returns:**
+
+        `z`, leading axes `(K, C)`.
+        """
         if self.project is None:
             return xs
         return jax.vmap(jax.vmap(lambda x: self.project(self.params, x)))(xs)

@@ -243,7 +243,7 @@ class ELK(AbstractShootingSolver):
     (one more sweep at `chunk_size=1`, one step per chunk otherwise), and a Kalman
     filter besides Newton's linear solve (with `d x d` solves in every combine when
     dense: at `chunk_size=1` 20-27x DEER's time per iteration on CPU, 15-26x on a TPU
-    v5e, where quasi-ELK's costs about quasi-DEER's).
+    v5e before a fix not yet timed there, where quasi-ELK's costs about quasi-DEER's).
 
     **Arguments:**
 

@@ -133,22 +133,26 @@ def linear(mesh):
     return count + 3
 
 
-def nonlinear(mesh):
-    """Picard, Newton and ELK across devices: states and implicit gradients equal the
-    exact single-device ones (ELK in as many iterations as on one device); a user's
-    own shard_map with `axis_name` works too."""
+def nonlinear(mesh, elk=False):
+    """Picard and Newton (`elk=False`) or ELK (`elk=True`) across devices: states and
+    implicit gradients equal the exact single-device ones (ELK in as many iterations
+    as on one device); a user's own shard_map with `axis_name` works too."""
     import equinox as eqx
 
     cell = eqx.nn.GRUCell(2, 3, key=jax.random.PRNGKey(0), dtype=jnp.float64)
     tol = dict(rtol=1e-12, atol=1e-12)
-    solvers = [
-        pscan.Picard(chunk_size=4, **tol),
-        pscan.Newton(chunk_size=4, **tol),
-        pscan.Newton(chunk_size=3, jacobian="diagonal", **tol),
-        pscan.ELK(**tol),
-        pscan.ELK(chunk_size=4, **tol),
-        pscan.ELK(chunk_size=3, jacobian="diagonal", **tol),
-    ]
+    family = lambda solvers: [s for s in solvers if isinstance(s, pscan.ELK) == elk]
+    # the second one also runs at T = 5
+    solvers = family(
+        [
+            pscan.Picard(chunk_size=4, **tol),
+            pscan.Newton(chunk_size=4, **tol),
+            pscan.Newton(chunk_size=3, jacobian="diagonal", **tol),
+            pscan.ELK(**tol),
+            pscan.ELK(chunk_size=4, **tol),
+            pscan.ELK(chunk_size=3, jacobian="diagonal", **tol),
+        ]
+    )
     count = 0
     for length in (5, 37):
         xs = jax.random.normal(jax.random.PRNGKey(length), (length, 2), jnp.float64)
@@ -190,21 +194,23 @@ def nonlinear(mesh):
             t_ref = jax.jvp(lambda xs, h0: exact(cell, xs, h0), (xs, h0), tangents)[1]
             close(t, t_ref, f"{what}: jvp")
             count += 1
-    # ELK on a chaotic GRU, where its trust region and its choices between candidates
-    # act: the same iterates across devices as on one, to rounding
-    wild = eqx.tree_at(lambda c: c.weight_hh, cell, 3.0 * cell.weight_hh)
-    xs_w = jax.random.normal(jax.random.PRNGKey(1), (120, 2), jnp.float64)
-    for elk in (pscan.ELK, lambda **k: pscan.ELK(chunk_size=2, **k)):
-        elk = elk(rtol=1e-10, atol=1e-10, max_iters=121)
-        one = pscan.recurrence(wild, xs_w, h0, solver=elk)
-        many = pscan.sharded_recurrence(
-            wild, xs_w, h0, solver=elk, mesh=mesh, axis_name="time"
-        )
-        n_one = int(one.stats["num_iterations"])
-        n_many = int(many.stats["num_iterations"])
-        assert n_one == n_many > 10, f"chaotic {elk}: {n_many} iterations, {n_one}"
-        err = float(jnp.max(jnp.abs(one.hs - many.hs)))
-        assert err < 1e-13, f"chaotic {elk}: {err} from one device's"
+    if elk:
+        # ELK on a chaotic GRU, where its trust region and its choices between
+        # candidates act: the same iterates across devices as on one, to rounding
+        wild = eqx.tree_at(lambda c: c.weight_hh, cell, 3.0 * cell.weight_hh)
+        xs_w = jax.random.normal(jax.random.PRNGKey(1), (120, 2), jnp.float64)
+        for chunk in (1, 2):
+            solver = pscan.ELK(chunk_size=chunk, rtol=1e-10, atol=1e-10, max_iters=121)
+            one = pscan.recurrence(wild, xs_w, h0, solver=solver)
+            many = pscan.sharded_recurrence(
+                wild, xs_w, h0, solver=solver, mesh=mesh, axis_name="time"
+            )
+            n_one = int(one.stats["num_iterations"])
+            n_many = int(many.stats["num_iterations"])
+            what = f"chaotic {solver}"
+            assert n_one == n_many > 10, f"{what}: {n_many} iterations, {n_one}"
+            err = float(jnp.max(jnp.abs(one.hs - many.hs)))
+            assert err < 1e-13, f"{what}: {err} from one device's"
     # called eagerly (outside any jit)
     eager = pscan.sharded_recurrence(
         cell, xs, h0, solver=solvers[0], mesh=mesh, axis_name="time"
@@ -213,43 +219,41 @@ def nonlinear(mesh):
     # the user's own shard_map, 8 steps per device
     xs = jax.random.normal(jax.random.PRNGKey(9), (32, 2), jnp.float64)
     h0 = jnp.zeros(3)
-    solver = pscan.Newton(chunk_size=4, axis_name="time", **tol)
     time = PartitionSpec("time")
-    f = jax.shard_map(
-        lambda c, xs, h0: pscan.recurrence(c, xs, h0, solver=solver, throw=False).hs,
-        mesh=mesh,
-        in_specs=(PartitionSpec(), time, PartitionSpec()),
-        out_specs=time,
-        check_vma=False,
-    )
-    close(eqx.filter_jit(f)(cell, xs, h0), pscan.recurrence(cell, xs, h0).hs, "user")
-    # shard_map's own variance checks on (its default)
-    f_checked = jax.shard_map(
-        lambda c, xs, h0: pscan.recurrence(c, xs, h0, solver=solver, throw=False).hs,
-        mesh=mesh,
-        in_specs=(PartitionSpec(), time, PartitionSpec()),
-        out_specs=time,
-    )
     loss = lambda f: lambda c, xs, h0: jnp.sum(f(c, xs, h0) ** 2)
     exact = lambda c, xs, h0: pscan.recurrence(c, xs, h0).hs
-    g = grad(loss(f_checked), argnums=(1, 2))(cell, xs, h0)
     g_ref = grad(loss(exact), argnums=(1, 2))(cell, xs, h0)
-    close(g[0], g_ref[0], "checked: gradient wrt xs")
-    t = jax.jvp(lambda xs: f_checked(cell, xs, h0), (xs,), (jnp.sin(xs),))[1]
-    t_ref = jax.jvp(lambda xs: exact(cell, xs, h0), (xs,), (jnp.sin(xs),))[1]
-    close(t, t_ref, "checked: jvp")
-    close(g[1], g_ref[1], "checked: gradient wrt h0")
-    gc = filter_grad(loss(f_checked))(cell, xs, h0)
     gc_ref = filter_grad(loss(exact))(cell, xs, h0)
-    for x, y in zip(jax.tree_util.tree_leaves(gc), jax.tree_util.tree_leaves(gc_ref)):
-        close(x, y, "checked: gradient wrt the cell")
-    # Picard and the diagonal Jacobians there too (their derivatives iterate), with
-    # the default run-time check (`throw=True`)
-    for other in (
-        pscan.Picard(chunk_size=4, axis_name="time", **tol),
-        pscan.Newton(chunk_size=4, jacobian="diagonal", axis_name="time", **tol),
-        pscan.ELK(chunk_size=2, axis_name="time", **tol),
-        pscan.ELK(jacobian="diagonal", axis_name="time", **tol),
+    if not elk:
+        solver = pscan.Newton(chunk_size=4, axis_name="time", **tol)
+        user = lambda c, xs, h0: (
+            pscan.recurrence(c, xs, h0, solver=solver, throw=False).hs
+        )
+        specs = dict(in_specs=(PartitionSpec(), time, PartitionSpec()), out_specs=time)
+        f = jax.shard_map(user, mesh=mesh, check_vma=False, **specs)
+        close(eqx.filter_jit(f)(cell, xs, h0), exact(cell, xs, h0), "user")
+        # shard_map's own variance checks on (its default)
+        f_checked = jax.shard_map(user, mesh=mesh, **specs)
+        g = grad(loss(f_checked), argnums=(1, 2))(cell, xs, h0)
+        close(g[0], g_ref[0], "checked: gradient wrt xs")
+        t = jax.jvp(lambda xs: f_checked(cell, xs, h0), (xs,), (jnp.sin(xs),))[1]
+        t_ref = jax.jvp(lambda xs: exact(cell, xs, h0), (xs,), (jnp.sin(xs),))[1]
+        close(t, t_ref, "checked: jvp")
+        close(g[1], g_ref[1], "checked: gradient wrt h0")
+        gc = filter_grad(loss(f_checked))(cell, xs, h0)
+        for x, y in zip(
+            jax.tree_util.tree_leaves(gc), jax.tree_util.tree_leaves(gc_ref)
+        ):
+            close(x, y, "checked: gradient wrt the cell")
+    # Picard, the diagonal Jacobians and ELK there too (their derivatives iterate),
+    # with the default run-time check (`throw=True`)
+    for other in family(
+        [
+            pscan.Picard(chunk_size=4, axis_name="time", **tol),
+            pscan.Newton(chunk_size=4, jacobian="diagonal", axis_name="time", **tol),
+            pscan.ELK(chunk_size=2, axis_name="time", **tol),
+            pscan.ELK(jacobian="diagonal", axis_name="time", **tol),
+        ]
     ):
         f_other = jax.shard_map(
             lambda c, xs, h0, s=other: pscan.recurrence(c, xs, h0, solver=s).hs,
@@ -265,6 +269,8 @@ def nonlinear(mesh):
         g = grad(loss(f_other), argnums=(1, 2))(cell, xs, h0)
         close(g[0], g_ref[0], f"checked {other}: gradient wrt xs")
         close(g[1], g_ref[1], f"checked {other}: gradient wrt h0")
+    if elk:
+        return count + 1
     # a warm start at the answer converges in one sweep, where the gradient's own
     # iteration cannot: it goes on past `max_iters`, across the devices, until exact
     hs_exact = pscan.recurrence(cell, xs, h0).hs
@@ -375,5 +381,10 @@ def segmented(mesh):
 if __name__ == "__main__":
     assert len(jax.devices()) == 4, jax.devices()
     mesh = Mesh(np.array(jax.devices()), ("time",))
-    part = {"linear": linear, "nonlinear": nonlinear, "segmented": segmented}
+    part = {
+        "linear": linear,
+        "nonlinear": nonlinear,
+        "elk": lambda mesh: nonlinear(mesh, elk=True),
+        "segmented": segmented,
+    }
     print(f"OK {part[sys.argv[1]](mesh)} cases")

@@ -14,7 +14,7 @@ from jax.sharding import Mesh
 import pscan
 
 
-@pytest.mark.parametrize("part", ["linear", "nonlinear", "segmented"])
+@pytest.mark.parametrize("part", ["linear", "nonlinear", "elk", "segmented"])
 def test_sharded_equals_single_device(part):
     script = pathlib.Path(__file__).parent / "sharded_checks.py"
     out = subprocess.run(

@@ -184,7 +184,7 @@ ROOT = pathlib.Path(__file__).parent.parent
         ),
         (
             "asv_bench/tables.py",
-            ["chaos", "--length", "48"],
+            ["chaos", "--length", "48", "--cells", "2,mild"],
             "| AR-GRU (16, 5.0, 5.0) | Newton(chunk_size=16) | True | ",
         ),
     ],

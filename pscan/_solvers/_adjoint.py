@@ -228,11 +228,7 @@ def _pull_at_states(inputs, static, primal, rest, states, ct_chunks):
         zf, zr, h, ct = x
 
         def advance(p, zf, h):
-            problem = _problem(inputs, static, p)
-            step = lambda zf, zr, h: problem.step(
-                problem.params, eqx.combine(zf, zr), h
-            )
-            return jax.vmap(step)(zf, zr, h)
+            return _problem(inputs, static, p).step_chunks(h, eqx.combine(zf, zr))
 
         _, vjp = jax.vjp(advance, params, zf, h)
         ct_p, ct_z, lam = vjp(lam + ct)

@@ -129,6 +129,21 @@ class Problem(eqx.Module):
             return xs
         return jax.vmap(jax.vmap(lambda x: self.project(self.params, x)))(xs)
 
+    def step_chunks(self, h: Array, z: PyTree[Array]) -> Array:
+        """One step of every chunk at once: `step` vectorised over the chunks, the
+        parameters shared.
+
+        **Arguments:**
+
+        - `h`: each chunk's state before the step, `(K, d)`.
+        - `z`: the step's inputs (projected), leading axis `K`.
+
+        **Returns:**
+
+        The states after the step, `(K, d)`.
+        """
+        return jax.vmap(lambda h, z: self.step(self.params, z, h))(h, z)
+
     def scan_chunks(self, starts: Array, xs: PyTree[Array]) -> Array:
         """Every chunk's states, each chunk from its start: `jax.vmap(self.scan)` in
         value, but run as one loop over the steps of all chunks at once that reads
@@ -145,12 +160,10 @@ class Problem(eqx.Module):
 
         The states `(K, C, d)`.
         """
-        params = self.params
         xs = self.project_chunks(xs)
-        advance = jax.vmap(lambda h, z: self.step(params, z, h))
 
         def step(h, z):
-            h = advance(h, z)
+            h = self.step_chunks(h, z)
             return h, h
 
         return fold(step, starts, xs, axis=1, reverse=False)[0]

@@ -242,8 +242,8 @@ class ELK(AbstractShootingSolver):
     An iteration costs more than Newton's: two candidate sweeps, the states' check
     (one more sweep at `chunk_size=1`, one step per chunk otherwise), and a Kalman
     filter besides Newton's linear solve (with `d x d` solves in every combine when
-    dense: at `chunk_size=1` 20-27x DEER's time per iteration on CPU, 15-26x on a TPU
-    v5e before a fix not yet timed there, where quasi-ELK's costs about quasi-DEER's).
+    dense: at `chunk_size=1` 20-27x DEER's time per iteration on CPU, 15-27x on a TPU
+    v5e, where quasi-ELK's costs about quasi-DEER's).
 
     **Arguments:**
 

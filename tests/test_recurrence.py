@@ -242,6 +242,20 @@ def test_gradient_memory_is_below_autodiff_through_a_scan(make, length):
     assert temp_bytes(make(chunk_size=64)) <= 0.65 * base
 
 
+def test_gradient_reads_the_states_in_place():
+    """The pull back from the states reads the state before each step where the
+    forward wrote it (the chunk's start for a chunk's first step): no copy of the
+    states shifted by one step (GRU 1 -> 32, T = 4096, chunks of 64: Picard's gradient
+    holds 0.14x the XLA temp of autodiff through `lax.scan`, with that copy 0.25x;
+    the same ratios with XLA's optimisations off, as in the tests)."""
+    cell = eqx.nn.GRUCell(1, 32, key=jax.random.PRNGKey(0))
+    xs = make_xs(4096, n_in=1, dtype=jnp.float32)
+    temp_bytes = lambda solver: _gradient_temp_bytes(cell, xs, jnp.zeros(32), solver)
+    assert temp_bytes(pscan.Picard(chunk_size=64)) < 0.19 * temp_bytes(
+        pscan.Sequential()
+    )
+
+
 def test_quasi_deer_gradient_recomputes_its_steps():
     """Quasi-DEER's gradient (chunks of one step, an iterated backward) recomputes the
     steps in every product instead of keeping their residuals: below `lax.scan`'s

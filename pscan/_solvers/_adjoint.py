@@ -220,12 +220,15 @@ def _pull_at_states(inputs, static, primal, rest, states, ct_chunks):
         eqx.is_inexact_array,
     )
     z_float, pull_z, z_rest = jax.vjp(split, params, floating, has_aux=True)
-    # the state before every step: the chunk's start, then its states
-    before = jnp.concatenate([starts[:, None], states[:, :-1]], axis=1)
+    # the state before step `c` of every chunk, read in place: the chunk's start for
+    # `c = 0`, else its state `c - 1` (a concatenation would copy all T states)
+    steps = jnp.arange(states.shape[1])[None]
 
     def back(carry, x):
         lam, ct_params = carry
-        zf, zr, h, ct = x
+        zf, zr, c, ct = x
+        previous = lax.dynamic_index_in_dim(states, jnp.maximum(c[0] - 1, 0), 1, False)
+        h = jnp.where(c[0] == 0, starts, previous)
 
         def advance(p, zf, h):
             return _problem(inputs, static, p).step_chunks(h, eqx.combine(zf, zr))
@@ -237,7 +240,7 @@ def _pull_at_states(inputs, static, primal, rest, states, ct_chunks):
     def pull(m):
         zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
         ct_z, (ct_starts, ct_params) = fold(
-            back, (m, zeros), (z_float, z_rest, before, ct_chunks), axis=1, reverse=True
+            back, (m, zeros), (z_float, z_rest, steps, ct_chunks), axis=1, reverse=True
         )
         more_params, ct_floating = pull_z(ct_z)
         ct_params = jax.tree_util.tree_map(jnp.add, ct_params, more_params)

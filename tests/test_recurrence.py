@@ -242,18 +242,20 @@ def test_gradient_memory_is_below_autodiff_through_a_scan(make, length):
     assert temp_bytes(make(chunk_size=64)) <= 0.65 * base
 
 
-def test_gradient_reads_the_states_in_place():
+@pytest.mark.parametrize("length, bound", [(4096, 0.19), (4000, 0.3)])
+def test_gradient_reads_the_states_in_place(length, bound):
     """The pull back from the states reads the state before each step where the
-    forward wrote it (the chunk's start for a chunk's first step): no copy of the
-    states shifted by one step (GRU 1 -> 32, T = 4096, chunks of 64: Picard's gradient
-    holds 0.14x the XLA temp of autodiff through `lax.scan`, with that copy 0.25x;
-    the same ratios with XLA's optimisations off, as in the tests)."""
+    forward wrote it (the chunk's start for a chunk's first step), in the chunks'
+    layout the forward kept: no copy of the states shifted by one step, and for a
+    length that is not a multiple of the chunk size no padded copy of them (GRU 1 ->
+    32, chunks of 64: Picard's gradient holds 0.14x the XLA temp of autodiff through
+    `lax.scan` at T = 4096, 0.25x at T = 4000; with those copies 0.25x and 0.36x; the
+    same ratios with XLA's optimisations off, as in the tests)."""
     cell = eqx.nn.GRUCell(1, 32, key=jax.random.PRNGKey(0))
-    xs = make_xs(4096, n_in=1, dtype=jnp.float32)
+    xs = make_xs(length, n_in=1, dtype=jnp.float32)
     temp_bytes = lambda solver: _gradient_temp_bytes(cell, xs, jnp.zeros(32), solver)
-    assert temp_bytes(pscan.Picard(chunk_size=64)) < 0.19 * temp_bytes(
-        pscan.Sequential()
-    )
+    picard = temp_bytes(pscan.Picard(chunk_size=64))
+    assert picard < bound * temp_bytes(pscan.Sequential())
 
 
 def test_quasi_deer_gradient_recomputes_its_steps():

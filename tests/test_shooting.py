@@ -104,3 +104,21 @@ def test_scaled_change_of_nonfinite_entries_is_infinite(n):
             new = old.at[at].set(bad)
             assert float(change(new, old, 1e-6, 1e-6)) == float("inf"), (bad, at)
             assert float(change(new, new, 1e-6, 1e-6)) == float("inf"), (bad, at)
+
+
+@pytest.mark.parametrize("length", [1, 4, 23])
+def test_chunks_at_the_true_starts(length):
+    """`pscan.Chunks` at the sequential run's own chunk starts: the ends are its
+    states at the chunk ends, they imply those starts, and the chunk runs give every
+    state (the padding of the last chunk left out)."""
+    cell, xs, h0 = _problem(length)
+    step = lambda params, x, h: params(x, h)
+    chunks = pscan.Chunks(pscan.Problem(step, cell, xs, h0), 4, None)
+    hs = scan_cell(cell, xs, h0)
+    starts = jnp.concatenate([h0[None], hs[3::4]])[: -(-length // 4)]
+    ends = chunks.ends(starts)
+    assert_allclose(ends[:-1], hs[3::4][: len(ends) - 1])
+    if length % 4 == 0:  # else the last chunk runs on past the end
+        assert_allclose(ends[-1], hs[-1])
+    assert_allclose(chunks.shift(ends), starts)
+    assert_allclose(chunks.states(starts), hs)

@@ -106,18 +106,35 @@ def implicit_states(solver, problem: Problem, starts, result, stats):
 
 
 def _run_chunks(inputs, static, solver, starts, fell_back):
-    """`(hs, starts)`: every chunk run from its start, or (when the solve fell back)
-    the sequential states and the chunk starts they imply."""
+    """`(states, starts)`: every chunk run from its start, or (when the solve fell
+    back) the sequential states and the chunk starts they imply. The states in chunks,
+    `(K, C, d)`, as the backward pass reads them (for a length that is not a multiple
+    of the chunk size, no padded copy of the `(T, d)` states to make there); the
+    padded steps of the last chunk hold its last real state, finite wherever the
+    answer is (a step past the end could overflow, and the backward pass takes a VJP
+    at every state)."""
     problem = _problem(inputs, static)
-    chunks = Chunks(problem, solver.chunk_size, solver.axis_name)
-    chunked = lambda: (chunks.states(starts), starts)
+    c = solver.chunk_size
+    chunks = Chunks(problem, c, solver.axis_name)
+
+    def chunked():
+        states = problem.scan_chunks(starts, chunks.xs)
+        real = c - (states.shape[0] * c - problem.length)  # of the last chunk
+        if real < c:  # written in place: the runs' buffer has no other reader yet
+            last = states[-1, real - 1]
+            states = states.at[-1, real:].set(
+                jnp.broadcast_to(last, (c - real,) + last.shape)
+            )
+        return states, starts
+
     if solver.fallback is None:
         return chunked()
 
     def sequential():
         hs = problem.scan(problem.h0, problem.xs)[0]
-        ends = hs[solver.chunk_size - 1 :: solver.chunk_size]
-        return hs, jnp.concatenate([problem.h0[None], ends[: starts.shape[0] - 1]])
+        ends = hs[c - 1 :: c]
+        starts_ = jnp.concatenate([problem.h0[None], ends[: starts.shape[0] - 1]])
+        return to_chunks(hs, c, fill=hs[-1]), starts_
 
     return lax.cond(fell_back, sequential, chunked)
 
@@ -125,7 +142,8 @@ def _run_chunks(inputs, static, solver, starts, fell_back):
 @eqx.filter_custom_jvp
 def _run(inputs, static, solver, starts, fell_back):
     """The states `(T, d)` from the (converged) chunk starts."""
-    return _run_chunks(inputs, static, solver, starts, fell_back)[0]
+    states = _run_chunks(inputs, static, solver, starts, fell_back)[0]
+    return from_chunks(states, _problem(inputs, static).length)
 
 
 @_run.def_jvp
@@ -133,10 +151,12 @@ def _run_jvp(primals, tangents):
     """The implicit tangent, a linear map of the inputs' tangents whose transpose is
     the implicit adjoint. `lax.custom_linear_solve` carries the pair: with the
     identity as its matrix it is "a linear map with its own transpose" that JAX can
-    batch, transpose and lower anywhere; reverse mode saves only the inputs and the
-    chunk starts, and recomputes in the backward pass."""
+    batch, transpose and lower anywhere; reverse mode saves the inputs, the chunk
+    starts and the states (in chunks, `_run_chunks`), and recomputes the rest in the
+    backward pass."""
     inputs, static, solver, starts, fell_back = primals
-    hs, starts = _run_chunks(inputs, static, solver, starts, fell_back)
+    states, starts = _run_chunks(inputs, static, solver, starts, fell_back)
+    hs = from_chunks(states, _problem(inputs, static).length)
     t_inputs = tangents[0]  # None where the tangent is a symbolic zero
     is_none = lambda t: t is None
     # every operand of `custom_linear_solve` must be linear in the tangents, the
@@ -162,7 +182,7 @@ def _run_jvp(primals, tangents):
         return jax.tree_util.tree_map(jnp.zeros_like, b[0]), t_hs
 
     def transpose(_, ct):
-        ct_inputs = _cotangent(inputs, static, solver, starts, hs, ct[1])
+        ct_inputs = _cotangent(inputs, static, solver, starts, states, ct[1])
         keep = lambda t, c: None if is_none(t) else c
         ct_inputs = jax.tree_util.tree_map(keep, t_inputs, ct_inputs, is_leaf=is_none)
         return ct_inputs, jnp.zeros_like(ct[1])
@@ -303,9 +323,10 @@ def _varying(x, axis_name):
     return varying(x, axis_name)
 
 
-def _cotangent(inputs, static, solver, starts, hs, ct_hs):
+def _cotangent(inputs, static, solver, starts, states, ct_hs):
     """The implicit adjoint: the cotangents (an `_Inputs`) of the inputs for the
-    cotangent `ct_hs` of the states `hs` (the chunk runs from `starts`). (Across
+    cotangent `ct_hs` of the states (the chunk runs from `starts`, `states` in chunks
+    `(K, C, d)` as `_run_chunks` gives them). (Across
     devices, the cotangent of a replicated input is summed over them by JAX's
     transposition of the `custom_linear_solve`.)"""
     problem = _problem(inputs, static)
@@ -335,7 +356,6 @@ def _cotangent(inputs, static, solver, starts, hs, ct_hs):
             _, vjp = jax.vjp(_runs(inputs, static, rest, remat=remat), *primal)
             pull = lambda m: vjp((ct_chunks, m))
         else:
-            states = to_chunks(hs, c, fill=hs[-1])
             pull = _pull_at_states(inputs, static, primal, rest, states, ct_chunks)
         if mu is None:
             jac = None

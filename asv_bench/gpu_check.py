@@ -12,7 +12,8 @@ of `tables.py linear` and `tables.py solvers`, compiled first, then timed in
 2. a GRU cell 1 -> d: chunked `pscan.Newton` and `pscan.Picard` against
    `pscan.Sequential` (a plain `lax.scan`), forward and gradient (target: >= 10x), as
    users run them and also with `throw=False` (the run-time check's cost) and Newton
-   at the backend's default matrix precision (`precision=None`);
+   at the backend's default matrix precision (`precision=None`); and DEER
+   (`pscan.Newton()`, one step per chunk, `O(T d^2)` Jacobians);
 3. the achieved bandwidth of the chunked forward: the bytes it must move (read a and b,
    write hs) over its time, against that of a device copy of b (target: >= 50%).
 
@@ -94,7 +95,9 @@ def gru_table(args):
     """Chunked Newton and Picard against `Sequential` (a plain `lax.scan`), as users
     run them (`throw=True`, Newton at its default `precision="highest"`), and without
     the run-time check (`throw=False`: on a TPU it cost ~2.3 ms a call) or at the
-    backend's default matrix precision (`precision=None`)."""
+    backend's default matrix precision (`precision=None`); and DEER, whose dense
+    Jacobians are built in column groups (on a TPU their writes were most of its
+    iteration)."""
     cell, xs, h0 = gru_problem(args.gru_length, args.hidden)
     every = gru_solvers(chunk=args.chunk)
     newton, picard = (
@@ -111,6 +114,7 @@ def gru_table(args):
             dataclasses.replace(every[newton], precision=None),
             True,
         ),
+        "Newton() = DEER": (every["Newton() = DEER"], True),
     }
     reference = jax.jit(solver_programs(every["Sequential"], h0)["fwd"])(cell, xs)
     programs, solved = {}, {}

@@ -614,7 +614,9 @@ def main():
         help="comma-separated: 1 and 2 (the chaotic AR-GRUs), mild (the milder one)",
     )
     p = sub.add_parser("gradmem", help="gradient memory of the solvers vs lax.scan")
-    p.add_argument("--sizes", default="16384x128,524288x32", help="TxD,TxD,...")
+    p.add_argument(
+        "--sizes", default="16384x128,524288x32,524287x32", help="TxD,TxD,..."
+    )
     p.add_argument("--chunk", type=int, default=128)
     p.add_argument("--tol", type=float, default=1e-5)
     p = sub.add_parser("seed", help="the seed scenario's gradient vs lax.scan")

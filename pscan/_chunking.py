@@ -81,3 +81,34 @@ def shift_in(xs: Array, x0, reverse: bool = False) -> Array:
     if reverse:
         return jnp.concatenate([xs[1:], x0], axis=0)
     return jnp.concatenate([x0, xs[:-1]], axis=0)
+
+
+def map_in_groups(f, xs: PyTree[Array], groups: int) -> PyTree[Array]:
+    """`jax.vmap(f)(xs)` over the leading axis, computed in `groups` groups of rows
+    one after another (the temporaries of one group at a time), each group's rows
+    written in place into the outputs; the last group overlaps the one before when
+    `groups` does not divide the rows (`lax.map` with a `batch_size` would run the
+    remainder as a second call and concatenate, a copy of every output). Outputs are
+    typed like `xs` inside `shard_map` (varying where `xs` varies)."""
+    leaves = jax.tree_util.tree_leaves(xs)
+    rows = leaves[0].shape[0]
+    size = -(-rows // max(1, groups))
+    count = -(-rows // size)
+    batched = jax.vmap(f)
+    if count == 1:
+        return batched(xs)
+    take = lambda start: jax.tree_util.tree_map(
+        lambda x: jax.lax.dynamic_slice_in_dim(x, start, size, 0), xs
+    )
+    shapes = jax.eval_shape(batched, take(0))
+
+    def zeros(s):  # a zero of the inputs' variance, broadcast (no NaN from values)
+        like = sum(jnp.zeros_like(x.ravel()[0], s.dtype) for x in leaves)
+        return jnp.zeros((rows, *s.shape[1:]), s.dtype) + like
+
+    def group(i, out):
+        start = jnp.minimum(i * size, rows - size)
+        put = lambda o, y: jax.lax.dynamic_update_slice_in_dim(o, y, start, 0)
+        return jax.tree_util.tree_map(put, out, batched(take(start)))
+
+    return jax.lax.fori_loop(0, count, group, jax.tree_util.tree_map(zeros, shapes))

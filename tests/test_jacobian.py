@@ -1,6 +1,7 @@
 """The chunk-Jacobian operators: built by forward mode in groups of columns, equal to
 `jax.jacfwd`; products, transposes and row masks as the matrices they stand for."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import pytest
@@ -83,3 +84,21 @@ def test_operators(chunk):
     assert_allclose(grad, 2 * starts)
     assert_allclose(values, ends)
     assert_allclose(extra, jnp.sum(starts**2, axis=-1))
+
+
+def test_one_step_chunks_in_groups_without_a_copy():
+    """Chunks of one step (quasi-DEER's) are linearised in 8 groups of rows written in
+    place: when 8 does not divide T the last group overlaps the one before, instead
+    of a remainder run on its own and concatenated (`lax.map`'s way), which copied
+    every output: quasi-DEER's forward at T = 4001 held 11.8x the states' bytes of
+    XLA temp against 10.1x at T = 4000, now 10.0x at both."""
+    cell = eqx.nn.GRUCell(1, 32, key=jax.random.PRNGKey(0))
+    solver = pscan.Newton(jacobian="diagonal")
+
+    def temp(length):
+        xs = jnp.ones((length, 1), jnp.float32)
+        f = lambda c: pscan.recurrence(c, xs, jnp.zeros(32), solver=solver).hs
+        compiled = jax.jit(f).lower(cell).compile()
+        return compiled.memory_analysis().temp_size_in_bytes / length
+
+    assert temp(4001) < 1.05 * temp(4000)

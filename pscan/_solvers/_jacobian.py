@@ -20,6 +20,7 @@ import jax.lax as lax
 import jax.numpy as jnp
 from jaxtyping import Array, PyTree
 
+from .._chunking import map_in_groups
 from .._finite import finite_along
 
 
@@ -239,12 +240,7 @@ class DiagonalJacobian(AbstractJacobian):
 
         one = lambda sx: _diagonal(lambda s: f(s, sx[1]), sx[0], width)
 
-        groups = -(-8 // c)
-        if groups == 1:
-            out, values = jax.vmap(one)((starts, xs))
-        else:
-            batch = -(-starts.shape[0] // groups)
-            out, values = lax.map(one, (starts, xs), batch_size=batch)
+        out, values = map_in_groups(one, (starts, xs), -(-8 // c))
         return (cls(out), values) if value else cls(out)
 
     def mv(self, v):

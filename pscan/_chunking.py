@@ -103,7 +103,7 @@ def map_in_groups(f, xs: PyTree[Array], groups: int) -> PyTree[Array]:
     shapes = jax.eval_shape(batched, take(0))
 
     def zeros(s):  # a zero of the inputs' variance, broadcast (no NaN from values)
-        like = sum(jnp.zeros_like(x.ravel()[0], s.dtype) for x in leaves)
+        like = sum(jnp.zeros_like(x.ravel()[0], s.dtype) for x in leaves if x.size)
         return jnp.zeros((rows, *s.shape[1:]), s.dtype) + like
 
     def group(i, out):

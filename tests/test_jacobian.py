@@ -102,3 +102,15 @@ def test_one_step_chunks_in_groups_without_a_copy():
         return compiled.memory_analysis().temp_size_in_bytes / length
 
     assert temp(4001) < 1.05 * temp(4000)
+
+
+@pytest.mark.parametrize("jacobian", ["dense", "diagonal"])
+def test_inputs_of_size_zero(jacobian):
+    """A cell without inputs (`xs` of shape `(T, 0)`): the groups of one-step chunks
+    take their outputs' type from the inputs that have entries."""
+    cell = lambda x, h: jnp.tanh(0.5 * h)
+    xs, h0 = jnp.zeros((10, 0)), 0.5 * jnp.ones(3)
+    want = pscan.recurrence(cell, xs, h0).hs
+    tol = dict(rtol=1e-12, atol=1e-12, jacobian=jacobian)
+    for solver in (pscan.Newton(**tol), pscan.ELK(**tol)):
+        assert_allclose(pscan.recurrence(cell, xs, h0, solver=solver).hs, want)

@@ -18,30 +18,41 @@ def f(s, x=0.0):
     return jnp.tanh(W @ s + x) * s[::-1]
 
 
+@pytest.mark.parametrize("stacked", [False, True], ids=["in place", "stacked"])
 @pytest.mark.parametrize("width", [1, 2, 3, 5, 8])
-def test_jacobians_in_groups_of_columns(width):
+def test_jacobians_in_groups_of_columns(width, stacked):
     """By groups of forward-mode products (the last group overlapping the one before
     when `width` does not divide `d = 5`): the diagonal and the dense matrix (and its
-    transpose, and a pytree output's) equal `jax.jacfwd`'s; `f`'s value comes along."""
+    transpose, and a pytree output's) equal `jax.jacfwd`'s; `f`'s value comes along.
+    The dense groups either written in place or stacked and joined (one-step chunks
+    on a TPU), which agree bit for bit, vectorised over chunks too."""
+    starts = jax.random.normal(jax.random.PRNGKey(1), (3, 5))
+    for transposed in (False, True):
+        build = lambda s, way: _dense(f, s, transposed, least=width, stacked=way)
+        ways = [jax.vmap(lambda s: build(s, way))(starts) for way in (False, True)]
+        assert all(map(jnp.array_equal, *ways))
     s = jnp.linspace(-1.0, 1.0, 5)
     jac = jax.jacfwd(f)(s)
     diagonal, value = _diagonal(f, s, width)
     assert_allclose(diagonal, jnp.diag(jac))
     assert_allclose(value, f(s))
-    dense, value = _dense(f, s, False, least=width)
+    dense, value = _dense(f, s, False, least=width, stacked=stacked)
     assert_allclose(dense, jac)
     assert_allclose(value, f(s))
     pair = lambda s: (f(s), jnp.sum(f(s) ** 2))
-    (dense_t, grad), (value, extra) = _dense(pair, s, True, least=width)
+    (dense_t, grad), (value, extra) = _dense(pair, s, True, 8, width, stacked)
     assert_allclose(dense_t, jac.T)
     assert_allclose(grad, jax.grad(lambda s: pair(s)[1])(s))
     assert_allclose(extra, pair(s)[1])
 
 
+@pytest.mark.parametrize("backend", ["cpu", "tpu"])
 @pytest.mark.parametrize("chunk", [1, 4, 8, 40])
-def test_operators(chunk):
+def test_operators(chunk, backend, monkeypatch):
     """`linearise` over K chunks (each `x_k` a chunk of `chunk` inputs, summed here),
-    then `mv`, `transpose`, `rows`, `scale`, `finite` and `coefficients`."""
+    then `mv`, `transpose`, `rows`, `scale`, `finite` and `coefficients`; also as
+    traced for a TPU (which stacks one-step chunks' column groups)."""
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
     k = 3
     starts = jax.random.normal(jax.random.PRNGKey(1), (k, 5))
     xs = jax.random.normal(jax.random.PRNGKey(2), (k, chunk, 5))

@@ -118,6 +118,25 @@ class AbstractJacobian(eqx.Module):
         return jax.tree_util.tree_map(lambda m: factor * m, self)
 
 
+def _unit_products(f, s, width: int, out_axes):
+    """`group(start)`: forward-mode products of `f` at `s` with the unit vectors
+    `start, ..., start + width - 1`, vectorised, stacked on `out_axes`; returns
+    `(f(s), products)`."""
+    d = s.shape[0]
+    columns = jax.vmap(lambda e: jax.jvp(f, (s,), (e,)), out_axes=(None, out_axes))
+
+    def group(start):
+        eye = jnp.arange(d)[None, :] == start + jnp.arange(width)[:, None]
+        basis = eye.astype(s.dtype) + jnp.zeros_like(s)  # typed like `s` in shard_map
+        return columns(basis)
+
+    return group
+
+
+def _group_start(i, width: int, d: int):
+    return jnp.minimum(i * width, d - width)  # the last group may overlap
+
+
 def _in_groups(f, s, width: int, init, write, out_axes=0):
     """Forward-mode products of `f` at `s` with the unit vectors, `width` of them at
     once (vectorised), one group after another: `write(acc, start, columns)` folds
@@ -126,14 +145,12 @@ def _in_groups(f, s, width: int, init, write, out_axes=0):
     times, with `width` tangents in flight. Returns `(acc, f(s))`: the value comes
     with every group's products."""
     d = s.shape[0]
-    columns = jax.vmap(lambda e: jax.jvp(f, (s,), (e,)), out_axes=(None, out_axes))
+    products = _unit_products(f, s, width, out_axes)
 
     def group(i, carry):
-        start = jnp.minimum(i * width, d - width)  # the last group may overlap
-        eye = jnp.arange(d)[None, :] == start + jnp.arange(width)[:, None]
-        basis = eye.astype(s.dtype) + jnp.zeros_like(s)  # typed like `s` in shard_map
-        value, products = columns(basis)
-        return write(carry[0], start, products), value
+        start = _group_start(i, width, d)
+        value, columns = products(start)
+        return write(carry[0], start, columns), value
 
     shapes = jax.eval_shape(f, s)
     # typed like `s` in shard_map (adds zeros)
@@ -142,17 +159,50 @@ def _in_groups(f, s, width: int, init, write, out_axes=0):
     return lax.fori_loop(0, -(-d // width), group, (init(shapes), value))
 
 
-def _dense(f, s, transposed: bool, groups: int = 8, least: int = 16):
+def _stacked(f, s, width: int, axis: int):
+    """`df/ds` as `_dense` builds it, its column groups stacked by a `lax.map` (each
+    group's products written along a new leading axis) and then joined along `axis`
+    in one copy. For one-step chunks on a TPU, where writing the groups in place
+    along the Jacobians' own axes costs a relayout of all of them per group (their
+    minor axis tiled to 128 lanes). Returns `(jacobian, f(s))`."""
+    d = s.shape[0]
+    n = -(-d // width)
+    products = _unit_products(f, s, width, axis)
+    group = lambda i: products(_group_start(i, width, d))
+    values, groups = lax.map(group, jnp.arange(n))
+    repeated = n * width - d  # the last group's first columns, in the one before too
+
+    def join(stack):  # (n, width, *S) if `axis` is 0, else (n, *S, width)
+        if axis == 0:
+            at, full = 0, stack.reshape(n * width, *stack.shape[2:])
+        else:  # one transpose, which XLA makes the stack's own layout: no copy of
+            # `(n, *S, width)` padded to 128 lanes when `width` < 128
+            at = stack.ndim - 2
+            full = jnp.moveaxis(stack, 0, -2).reshape(*stack.shape[1:-1], -1)
+        if repeated == 0:
+            return full
+        head = lax.slice_in_dim(full, 0, (n - 1) * width, axis=at)
+        tail = lax.slice_in_dim(stack[-1], repeated, width, axis=at)
+        return jnp.concatenate([head, tail], at)
+
+    value = jax.tree_util.tree_map(lambda v: v[0], values)
+    return jax.tree_util.tree_map(join, groups), value
+
+
+def _dense(f, s, transposed: bool, groups=8, least=16, stacked=False):
     """`df/ds` by forward mode, its columns in at most `groups` groups of at least
     `least` columns, one group after another: the tangents in flight at once are
     about `d / groups` vectors, not `d` (the temporary memory of the gradient of a
     wide cell), for the price of running `f` itself once per group. Each group is
-    written in place: rows of the transpose if `transposed` (no copy either way).
+    written in place: rows of the transpose if `transposed` (no copy either way);
+    or, with `stacked`, stacked and joined in one copy (`_stacked`).
     `f` may return a pytree: then the Jacobian is a pytree like it, each leaf `(*S, d)`
     (`(d, *S)` if `transposed`) for an output leaf of shape `S`. Returns
     `(jacobian, f(s))`."""
     d = s.shape[0]
     width = min(d, max(least, -(-d // groups)))
+    if stacked:
+        return _stacked(f, s, width, 0 if transposed else -1)
 
     def write(jac, start, columns):
         axis = lambda j: 0 if transposed else j.ndim - 1
@@ -194,7 +244,15 @@ class DenseJacobian(AbstractJacobian):
 
     @classmethod
     def linearise(cls, f, starts, xs, *, transposed=False, value=False):
-        one = lambda s, x: _dense(lambda s: f(s, x), s, transposed)
+        # one-step chunks (DEER) on a TPU: the column groups stacked, not written in
+        # place, which there cost a relayout of all T Jacobians per group (GRU 1 -> 32,
+        # T = 65536, TPU v5e: DEER's forward 308 -> 82 ms; at d = 128, T = 16384,
+        # 561 -> 81 ms). With longer chunks both are level (2 <= C <= 32) or in place
+        # wins (C = 128, d = 128: 21 against 25 ms), and on CPU in place wins always
+        # (the Jacobians of T = 16384 one-step chunks, d = 32, in 26 against 47 ms)
+        one_step = jax.tree_util.tree_leaves(xs)[0].shape[1] == 1
+        stacked = one_step and jax.default_backend() == "tpu"
+        one = lambda s, x: _dense(lambda s: f(s, x), s, transposed, stacked=stacked)
         out, values = jax.vmap(one)(starts, xs)
         out = (cls(out[0]), out[1]) if isinstance(out, tuple) else (cls(out),)
         out = (*out, values) if value else out

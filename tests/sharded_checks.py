@@ -1,5 +1,5 @@
 """Run by tests/test_sharding.py in a subprocess with 4 forced host devices, one part
-(`linear`, `nonlinear` or `segmented`) per process: sharded recurrences equal the
+(`linear`, `nonlinear`, `elk` or `segmented`) per process: sharded recurrences equal the
 single-device ones, values and gradients."""
 
 import itertools
@@ -29,10 +29,20 @@ def grad(f, argnums=0):
     return eqx.filter_jit(jax.grad(f, argnums=argnums))
 
 
-def filter_grad(f):
+def grads(f):
+    """The gradient of `f(cell, xs, h0)` wrt all three (the cell's floating leaves),
+    compiled as one program: one compile, not one per argument."""
     import equinox as eqx
 
-    return eqx.filter_jit(eqx.filter_grad(f))
+    return eqx.filter_jit(eqx.filter_grad(lambda args: f(*args)))
+
+
+def close_grads(g, g_ref, what):
+    """`grads` results: the cell's, then `xs`'s and `h0`'s gradients."""
+    names = ("the cell", "xs", "h0")
+    for name, x, y in zip(names, g, g_ref):
+        for a, b in zip(jax.tree_util.tree_leaves(x), jax.tree_util.tree_leaves(y)):
+            close(a, b, f"{what}: gradient wrt {name}")
 
 
 def close(x, y, what):
@@ -178,16 +188,8 @@ def nonlinear(mesh, elk=False):
                 assert n_one == n_many, f"{what}: {n_many} iterations, {n_one} on one"
                 assert n_one > 1, what
             loss = lambda f: lambda c, xs, h0: jnp.sum(w * f(c, xs, h0))
-            g = eqx.filter_jit(eqx.filter_grad(loss(sharded)))(cell, xs, h0)
-            g_ref = filter_grad(loss(exact))(cell, xs, h0)
-            for x, y in zip(
-                jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(g_ref)
-            ):
-                close(x, y, f"{what}: gradient wrt the cell")
-            g = grad(loss(sharded), argnums=(1, 2))(cell, xs, h0)
-            g_ref = grad(loss(exact), argnums=(1, 2))(cell, xs, h0)
-            close(g[0], g_ref[0], f"{what}: gradient wrt xs")
-            close(g[1], g_ref[1], f"{what}: gradient wrt h0")
+            g = grads(loss(sharded))((cell, xs, h0))
+            close_grads(g, grads(loss(exact))((cell, xs, h0)), what)
             # forward mode, implicit like the gradient
             tangents = (jnp.cos(xs), jnp.ones(3))
             t = jax.jvp(lambda xs, h0: sharded(cell, xs, h0), (xs, h0), tangents)[1]
@@ -222,8 +224,7 @@ def nonlinear(mesh, elk=False):
     time = PartitionSpec("time")
     loss = lambda f: lambda c, xs, h0: jnp.sum(f(c, xs, h0) ** 2)
     exact = lambda c, xs, h0: pscan.recurrence(c, xs, h0).hs
-    g_ref = grad(loss(exact), argnums=(1, 2))(cell, xs, h0)
-    gc_ref = filter_grad(loss(exact))(cell, xs, h0)
+    g_ref = grads(loss(exact))((cell, xs, h0))
     if not elk:
         solver = pscan.Newton(chunk_size=4, axis_name="time", **tol)
         user = lambda c, xs, h0: (
@@ -234,17 +235,10 @@ def nonlinear(mesh, elk=False):
         close(eqx.filter_jit(f)(cell, xs, h0), exact(cell, xs, h0), "user")
         # shard_map's own variance checks on (its default)
         f_checked = jax.shard_map(user, mesh=mesh, **specs)
-        g = grad(loss(f_checked), argnums=(1, 2))(cell, xs, h0)
-        close(g[0], g_ref[0], "checked: gradient wrt xs")
+        close_grads(grads(loss(f_checked))((cell, xs, h0)), g_ref, "checked")
         t = jax.jvp(lambda xs: f_checked(cell, xs, h0), (xs,), (jnp.sin(xs),))[1]
         t_ref = jax.jvp(lambda xs: exact(cell, xs, h0), (xs,), (jnp.sin(xs),))[1]
         close(t, t_ref, "checked: jvp")
-        close(g[1], g_ref[1], "checked: gradient wrt h0")
-        gc = filter_grad(loss(f_checked))(cell, xs, h0)
-        for x, y in zip(
-            jax.tree_util.tree_leaves(gc), jax.tree_util.tree_leaves(gc_ref)
-        ):
-            close(x, y, "checked: gradient wrt the cell")
     # Picard, the diagonal Jacobians and ELK there too (their derivatives iterate),
     # with the default run-time check (`throw=True`)
     for other in family(
@@ -261,14 +255,7 @@ def nonlinear(mesh, elk=False):
             in_specs=(PartitionSpec(), time, PartitionSpec()),
             out_specs=time,
         )
-        gc = filter_grad(loss(f_other))(cell, xs, h0)
-        for x, y in zip(
-            jax.tree_util.tree_leaves(gc), jax.tree_util.tree_leaves(gc_ref)
-        ):
-            close(x, y, f"checked {other}: gradient wrt the cell")
-        g = grad(loss(f_other), argnums=(1, 2))(cell, xs, h0)
-        close(g[0], g_ref[0], f"checked {other}: gradient wrt xs")
-        close(g[1], g_ref[1], f"checked {other}: gradient wrt h0")
+        close_grads(grads(loss(f_other))((cell, xs, h0)), g_ref, f"checked {other}")
     if elk:
         return count + 1
     # a warm start at the answer converges in one sweep, where the gradient's own
@@ -285,8 +272,8 @@ def nonlinear(mesh, elk=False):
     g = grad(
         lambda xs, h0: jnp.sum(f_one(cell, xs, h0, hs_exact) ** 2), argnums=(0, 1)
     )(xs, h0)
-    close(g[0], g_ref[0], "iteration to exactness: gradient wrt xs")
-    close(g[1], g_ref[1], "iteration to exactness: gradient wrt h0")
+    close(g[0], g_ref[1], "iteration to exactness: gradient wrt xs")
+    close(g[1], g_ref[2], "iteration to exactness: gradient wrt h0")
     # each device's block must be whole chunks
     bad = pscan.Newton(chunk_size=3, axis_name="time")
     g = jax.shard_map(

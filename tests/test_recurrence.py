@@ -142,6 +142,34 @@ def test_gradients_match_scan_autodiff(solver, cell_name):
         np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-10)
 
 
+def test_deer_as_traced_for_a_tpu(monkeypatch):
+    """DEER on a TPU builds its Jacobians' column groups stacked (`_stacked`), not in
+    place: traced here as if the backend were one, with 20 state entries (two groups
+    of 16, the second overlapping), the states and the gradient are those of the
+    default path bit for bit, and the sequential answer."""
+    from pscan._solvers import _jacobian
+
+    cell, h0 = make_cell("gru", n_hidden=20)
+    xs = make_xs(LENGTH)
+    solver = SOLVERS["deer"]
+    run = lambda: (
+        pscan.recurrence(cell, xs, h0, solver=solver),
+        eqx.filter_grad(lambda args: _loss(*args, solver))((cell, xs, h0)),
+    )
+    here = run()
+    traced = []
+    stack = _jacobian._stacked
+    spy = lambda *a: traced.append(a[1].shape) or stack(*a)
+    monkeypatch.setattr(_jacobian, "_stacked", spy)
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    there = run()
+    assert traced  # the forward's Jacobians and the gradient's transposes
+    assert there[0].result == pscan.RESULTS.successful
+    assert_allclose(there[0].hs, scan_cell(cell, xs, h0))
+    same = jax.tree_util.tree_map(jnp.array_equal, here, there)
+    assert all(jax.tree_util.tree_leaves(same))
+
+
 @pytest.mark.parametrize(
     "solver", ["picard", "shooting", "quasi-shooting", "quasi-elk-chunked"]
 )

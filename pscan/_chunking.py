@@ -83,6 +83,13 @@ def shift_in(xs: Array, x0, reverse: bool = False) -> Array:
     return jnp.concatenate([x0, xs[:-1]], axis=0)
 
 
+def group_start(i, size: int, total: int):
+    """Where group `i` of `size` entries starts among `total`: the last group ends at
+    `total`, overlapping the one before when `size` does not divide it (the same
+    static shape for every group, and no remainder to run and concatenate)."""
+    return jnp.minimum(i * size, total - size)
+
+
 def map_in_groups(f, xs: PyTree[Array], groups: int) -> PyTree[Array]:
     """`jax.vmap(f)(xs)` over the leading axis, computed in `groups` groups of rows
     one after another (the temporaries of one group at a time), each group's rows
@@ -107,7 +114,7 @@ def map_in_groups(f, xs: PyTree[Array], groups: int) -> PyTree[Array]:
         return jnp.zeros((rows, *s.shape[1:]), s.dtype) + like
 
     def group(i, out):
-        start = jnp.minimum(i * size, rows - size)
+        start = group_start(i, size, rows)
         put = lambda o, y: jax.lax.dynamic_update_slice_in_dim(o, y, start, 0)
         return jax.tree_util.tree_map(put, out, batched(take(start)))
 

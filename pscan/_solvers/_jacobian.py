@@ -20,7 +20,7 @@ import jax.lax as lax
 import jax.numpy as jnp
 from jaxtyping import Array, PyTree
 
-from .._chunking import map_in_groups
+from .._chunking import group_start, map_in_groups
 from .._finite import finite_along
 
 
@@ -133,10 +133,6 @@ def _unit_products(f, s, width: int, out_axes):
     return group
 
 
-def _group_start(i, width: int, d: int):
-    return jnp.minimum(i * width, d - width)  # the last group may overlap
-
-
 def _in_groups(f, s, width: int, init, write, out_axes=0):
     """Forward-mode products of `f` at `s` with the unit vectors, `width` of them at
     once (vectorised), one group after another: `write(acc, start, columns)` folds
@@ -148,7 +144,7 @@ def _in_groups(f, s, width: int, init, write, out_axes=0):
     products = _unit_products(f, s, width, out_axes)
 
     def group(i, carry):
-        start = _group_start(i, width, d)
+        start = group_start(i, width, d)
         value, columns = products(start)
         return write(carry[0], start, columns), value
 
@@ -170,7 +166,7 @@ def _stacked(f, s, width: int, axis: int):
     d = s.shape[0]
     n = -(-d // width)
     products = _unit_products(f, s, width, axis)
-    group = lambda i: products(_group_start(i, width, d))
+    group = lambda i: products(group_start(i, width, d))
     values, groups = lax.map(group, jnp.arange(n))
     repeated = n * width - d  # the last group's first columns, in the one before too
 

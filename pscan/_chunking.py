@@ -83,6 +83,11 @@ def shift_in(xs: Array, x0, reverse: bool = False) -> Array:
     return jnp.concatenate([x0, xs[:-1]], axis=0)
 
 
+def chunk_length(xs_chunks: PyTree[Array]) -> int:
+    """The steps per chunk of inputs in chunks, `(K, C, ...)` leaves: `C`."""
+    return jax.tree_util.tree_leaves(xs_chunks)[0].shape[1]
+
+
 def group_start(i, size: int, total: int):
     """Where group `i` of `size` entries starts among `total`: the last group ends at
     `total`, overlapping the one before when `size` does not divide it (the same

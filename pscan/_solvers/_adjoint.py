@@ -52,7 +52,7 @@ from .._axis import (
     varying,
     zeros_typed_like,
 )
-from .._chunking import from_chunks, to_chunks
+from .._chunking import chunk_length, from_chunks, to_chunks
 from .._finite import finite_everywhere
 from .._linear import linear_recurrence
 from .._solution import RESULTS
@@ -213,7 +213,7 @@ def _runs(inputs, static, rest, emit=True, remat=False):
         one = lambda a: _problem(inputs, static, params).scan(*a, emit=emit)
         if remat:
             one = jax.checkpoint(one)
-        if jax.tree_util.tree_leaves(xs_chunks)[0].shape[1] == 1:
+        if chunk_length(xs_chunks) == 1:
             # `lax.map`, not `map_in_groups` (whose in-place writes spare the copy of
             # the outputs when 8 does not divide K): under `jax.vjp` that loop held
             # more (quasi-DEER's gradient, T = 524288: 658 against 514 MiB)

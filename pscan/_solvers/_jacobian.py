@@ -20,7 +20,7 @@ import jax.lax as lax
 import jax.numpy as jnp
 from jaxtyping import Array, PyTree
 
-from .._chunking import group_start, map_in_groups
+from .._chunking import chunk_length, group_start, map_in_groups
 from .._finite import finite_along
 
 
@@ -248,8 +248,7 @@ class DenseJacobian(AbstractJacobian):
         # 561 -> 81 ms). With longer chunks both are level (2 <= C <= 32) or in place
         # wins (C = 128, d = 128: 21 against 25 ms), and on CPU in place wins always
         # (the Jacobians of T = 16384 one-step chunks, d = 32, in 26 against 47 ms)
-        one_step = jax.tree_util.tree_leaves(xs)[0].shape[1] == 1
-        stacked = one_step and jax.default_backend() == "tpu"
+        stacked = chunk_length(xs) == 1 and jax.default_backend() == "tpu"
         one = lambda s, x: _dense(lambda s: f(s, x), s, transposed, stacked=stacked)
         out, values = jax.vmap(one)(starts, xs)
         out = (cls(out[0]), out[1]) if isinstance(out, tuple) else (cls(out),)
@@ -291,7 +290,7 @@ class DiagonalJacobian(AbstractJacobian):
         # chunks of C >= 8 steps (at most 16); for shorter chunks one product at a
         # time over `8 / C` groups of chunks in turn
         del transposed  # a diagonal is its own transpose
-        c = jax.tree_util.tree_leaves(xs)[0].shape[1]
+        c = chunk_length(xs)
         width = min(16, max(1, c // 8))
 
         one = lambda sx: _diagonal(lambda s: f(s, sx[1]), sx[0], width)

@@ -187,7 +187,9 @@ def _stacked(f, s, width: int, axis: int):
     return jax.tree_util.tree_map(join, groups), value
 
 
-def _dense(f, s, transposed: bool, groups=8, least=16, stacked=False):
+def _dense(
+    f, s, transposed: bool, groups: int = 8, least: int = 16, stacked: bool = False
+):
     """`df/ds` by forward mode, its columns in at most `groups` groups of at least
     `least` columns, one group after another: the tangents in flight at once are
     about `d / groups` vectors, not `d` (the temporary memory of the gradient of a

@@ -187,7 +187,17 @@ def test_kalman_steps_are_least_squares_minimisers(structure, solve, monkeypatch
     y_all = jnp.concatenate([starts[:1], y])
     kappa = jnp.concatenate([jnp.ones(1), 1 / (1 + sigma2)])
     step = lambda smooth: _elk._kalman(
-        alg, jac_all, ends, starts, implied, y_all, kappa, "sequential", smooth, None
+        alg,
+        jac_all,
+        ends,
+        starts,
+        implied,
+        y_all,
+        kappa,
+        "sequential",
+        None,
+        smooth,
+        None,
     )[1:]
     mats = jax.vmap(jnp.diag)(jac) if structure == "diagonal" else jac
 
@@ -241,8 +251,11 @@ def test_tpu_path_matches_sequential(monkeypatch):
     here = pscan.recurrence(cell, xs, h0, solver=solver)
     assert not traced
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
-    assert solver._scan_method(37) == "chunked"
-    assert pscan.ELK(jacobian="diagonal")._scan_method(37) == "sequential"
+    # chunks of about sqrt(K) / 3 rows, a power of 2 in 8..64
+    sizes = {k: solver._scan_method(k) for k in (37, 2000, 10000, 50000)}
+    assert sizes == {k: ("chunked", c) for k, c in zip(sizes, (8, 16, 32, 64))}
+    diagonal = pscan.ELK(jacobian="diagonal")
+    assert diagonal._scan_method(37) == ("sequential", None)
     sol = pscan.recurrence(cell, xs, h0, solver=solver)
     assert traced  # the filter's combine and the smoother's gains
     assert sol.result == pscan.RESULTS.successful

@@ -1,6 +1,7 @@
 """ELK: Newton with a Levenberg-Marquardt trust region, its step a Kalman filter or
 smoother."""
 
+import math
 from typing import ClassVar
 
 import equinox as eqx
@@ -107,7 +108,9 @@ class _Diagonal:
 _ALGEBRA = {DenseJacobian: _Dense, DiagonalJacobian: _Diagonal}
 
 
-def _kalman(alg, jac, ends, starts, implied, y, kappa, method, smooth, axis_name):
+def _kalman(
+    alg, jac, ends, starts, implied, y, kappa, method, chunk_size, smooth, axis_name
+):
     """The Levenberg-Marquardt step as the posterior mean of a linear-Gaussian
     state-space model, by a parallel Kalman filter and (`smooth=True`)
     Rauch-Tung-Striebel smoother (Särkkä and García-Fernández 2021). Without the
@@ -168,7 +171,12 @@ def _kalman(alg, jac, ends, starts, implied, y, kappa, method, smooth, axis_name
 
     elements = (a, b, c, eta, jj)
     scan = lambda combine, elements, reverse: associative_scan(
-        combine, elements, reverse=reverse, method=method, axis_name=axis_name
+        combine,
+        elements,
+        reverse=reverse,
+        method=method,
+        chunk_size=chunk_size,
+        axis_name=axis_name,
     )
     _, means, covs, _, _ = scan(combine, elements, False)
     if not smooth:
@@ -242,7 +250,7 @@ class ELK(AbstractShootingSolver):
     An iteration costs more than Newton's: two candidate sweeps, the states' check
     (one more sweep at `chunk_size=1`, one step per chunk otherwise), and a Kalman
     filter besides Newton's linear solve (with `d x d` solves in every combine when
-    dense: at `chunk_size=1` 20-27x DEER's time per iteration on CPU, 15-27x on a TPU
+    dense: at `chunk_size=1` 20-27x DEER's time per iteration on CPU, 2-3x on a TPU
     v5e, where quasi-ELK's costs about quasi-DEER's).
 
     **Arguments:**
@@ -346,14 +354,24 @@ class ELK(AbstractShootingSolver):
             return self.chunk_size > 1
         return self.kalman == "smoother"
 
-    def _scan_method(self, chunks: int) -> str:
-        if self.method != "auto":
-            return self.method
-        # a dense combine solves `d x d` systems: a step of a loop over it costs about
-        # 16 us on a TPU (DEER's linear recurrence 0.4 us), so there it is chunked
-        if self._exact_newton and jax.default_backend() == "tpu":
-            return "chunked"
-        return auto_method(chunks)
+    def _scan_method(self, chunks: int) -> tuple[str, int | None]:
+        """How the Kalman scans run over `chunks` rows: `(method, chunk_size)`."""
+        dense_tpu = self._exact_newton and jax.default_backend() == "tpu"
+        method = self.method
+        if method == "auto":
+            # a dense combine solves `d x d` systems: a step of a loop over it costs
+            # about 16 us on a TPU (DEER's linear recurrence 0.4 us), so there it is
+            # chunked
+            method = "chunked" if dense_tpu else auto_method(chunks)
+        if method != "chunked" or not dense_tpu:
+            return method, None
+        # chunks of about sqrt(K) / 3 rows (a power of 2 in 8..64): the dense filter's
+        # time on a TPU v5e is its sequential depth at small K and its work at large
+        # K (d = 16, ms, C = 8 / 16 / 32 / 64 / 128: K = 500 1.4 / 1.9 / - / - / 8.4;
+        # K = 2000 2.8 / 2.4 / 3.2 / 5.0 / 10.4; K = 10000 12.8 / 10.8 / 10.0 / 12.4
+        # / 13.3; K = 50000 - / - / 49.9 / 46.3 / 51.7)
+        size = 2 ** round(math.log2(max(1.0, math.sqrt(chunks) / 3)))
+        return method, min(64, max(8, size))
 
     def init(self, chunks, starts):
         real = starts.real.dtype
@@ -400,7 +418,7 @@ class ELK(AbstractShootingSolver):
         known = exact | after_exact
         y = jnp.where(after_exact[:, None], implied, starts)
         kappa = jnp.where(known, 1.0, 1 / (1 + radius)).astype(radius.dtype)
-        method = self._scan_method(len(starts))
+        method, scan_chunk = self._scan_method(len(starts))
         steps = _kalman(
             alg,
             operator.coefficients(),
@@ -410,6 +428,7 @@ class ELK(AbstractShootingSolver):
             y,
             kappa,
             method,
+            scan_chunk,
             self._smoother,
             axis,
         )

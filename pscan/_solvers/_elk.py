@@ -243,7 +243,7 @@ class ELK(AbstractShootingSolver):
     On the tables' AR-GRUs (`python asv_bench/tables.py chaos`, T = 2000, float32)
     ELK needs 9 iterations where DEER needs 249 on a milder cell, and about as many
     as DEER on two strongly chaotic ones (over five drives, 1453 vs 1536 and 574 vs
-    571 on average); quasi-ELK 202 and 1352 where quasi-DEER needs 1970 and 1970; no
+    571 on average); quasi-ELK 202 and 1351 where quasi-DEER needs 1974 and 1961; no
     iterate of either reaches the float bound. The gradient is implicit and exact
     (the fixed point is the sequential answer).
 

@@ -278,7 +278,7 @@ class ELK(AbstractShootingSolver):
         or `"auto"` (as `pscan.linear_recurrence` chooses for `K` steps: sequential
         on CPU and up to 2048 chunks on a TPU, chunked otherwise; with the dense
         Jacobian chunked on a TPU whatever `K`, as its combine solves `d x d`
-        systems).
+        systems, in chunks of about `sqrt(K) / 3` rows, 8 to 64).
     - `axis_name`: inside `shard_map`, the mesh axis that splits time (each device
         holds a block of consecutive steps, a multiple of `chunk_size`): the Kalman
         filter and smoother, Newton's step and the candidates' merits run across the

@@ -95,9 +95,9 @@ def gru_table(args):
     """Chunked Newton and Picard against `Sequential` (a plain `lax.scan`), as users
     run them (`throw=True`, Newton at its default `precision="highest"`), and without
     the run-time check (`throw=False`: on a TPU it cost ~2.3 ms a call) or at the
-    backend's default matrix precision (`precision=None`); and DEER, whose dense
-    Jacobians are built in column groups (on a TPU their writes were most of its
-    iteration)."""
+    backend's default matrix precision (`precision=None`); and DEER and quasi-DEER,
+    whose Jacobians are built in groups of columns (on a TPU their loops were most of
+    their iterations)."""
     cell, xs, h0 = gru_problem(args.gru_length, args.hidden)
     every = gru_solvers(chunk=args.chunk)
     newton, picard = (
@@ -115,6 +115,7 @@ def gru_table(args):
             True,
         ),
         "Newton() = DEER": (every["Newton() = DEER"], True),
+        "Newton(diagonal) = quasi-DEER": (every["Newton(diagonal) = quasi-DEER"], True),
     }
     reference = jax.jit(solver_programs(every["Sequential"], h0)["fwd"])(cell, xs)
     programs, solved = {}, {}

@@ -278,7 +278,7 @@ class ELK(AbstractShootingSolver):
         or `"auto"` (as `pscan.linear_recurrence` chooses for `K` steps: sequential
         on CPU and up to 2048 chunks on a TPU, chunked otherwise; with the dense
         Jacobian chunked on a TPU whatever `K`, as its combine solves `d x d`
-        systems, in chunks of about `sqrt(K) / 3` rows, 8 to 64).
+        systems, in chunks of about `sqrt(K) / 3` rows, 16 to 64).
     - `axis_name`: inside `shard_map`, the mesh axis that splits time (each device
         holds a block of consecutive steps, a multiple of `chunk_size`): the Kalman
         filter and smoother, Newton's step and the candidates' merits run across the
@@ -365,13 +365,15 @@ class ELK(AbstractShootingSolver):
             method = "chunked" if dense_tpu else auto_method(chunks)
         if method != "chunked" or not dense_tpu:
             return method, None
-        # chunks of about sqrt(K) / 3 rows (a power of 2 in 8..64): the dense filter's
+        # chunks of about sqrt(K) / 3 rows (a power of 2 in 16..64): the dense filter's
         # time on a TPU v5e is its sequential depth at small K and its work at large
         # K (d = 16, ms, C = 8 / 16 / 32 / 64 / 128: K = 500 1.4 / 1.9 / - / - / 8.4;
         # K = 2000 2.8 / 2.4 / 3.2 / 5.0 / 10.4; K = 10000 12.8 / 10.8 / 10.0 / 12.4
-        # / 13.3; K = 50000 - / - / 49.9 / 46.3 / 51.7)
+        # / 13.3; K = 50000 - / - / 49.9 / 46.3 / 51.7). The combines of the K / C
+        # chunks run at once, their temporaries about 2 / C of the filter's elements:
+        # hence at least 16
         size = 2 ** round(math.log2(max(1.0, math.sqrt(chunks) / 3)))
-        return method, min(64, max(8, size))
+        return method, min(64, max(16, size))
 
     def init(self, chunks, starts):
         real = starts.real.dtype

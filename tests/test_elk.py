@@ -238,6 +238,27 @@ def test_gauss_jordan_solves_like_lu():
     assert_allclose(_elk._gauss_jordan(mc, bc), jnp.linalg.solve(mc, bc))
 
 
+def test_spd_solve_solves_like_lu():
+    """The smoother's gains, `(F P F^T + I)^{-1} F P`, by Cholesky: against LU (float64,
+    batches of blocks), in bfloat16 (factorised in float32), and complex blocks, which
+    are not Hermitian there and go to LU."""
+    keys = jax.random.split(jax.random.PRNGKey(6), 4)
+    f = jax.random.normal(keys[0], (3, 2, 6, 6), jnp.float64)
+    p = jax.random.normal(keys[1], (3, 2, 6, 6), jnp.float64)
+    p = p @ jnp.swapaxes(p, -1, -2)
+    s = f @ p @ jnp.swapaxes(f, -1, -2) + jnp.eye(6)
+    b = f @ p
+    assert_allclose(_elk._solve_spd(s, b), jnp.linalg.solve(s, b))
+    s16, b16 = s.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
+    half = _elk._solve_spd(s16, b16)
+    assert half.dtype == jnp.bfloat16
+    wide = jnp.linalg.solve(s16.astype(jnp.float32), b16.astype(jnp.float32))
+    assert jnp.max(jnp.abs(half - wide)) <= 1e-2 * jnp.max(jnp.abs(wide))
+    sc = s + 1j * jax.random.normal(keys[2], s.shape, jnp.float64)
+    bc = b + 1j * jax.random.normal(keys[3], b.shape, jnp.float64)
+    assert_allclose(_elk._solve_spd(sc, bc), jnp.linalg.solve(sc, bc))
+
+
 def test_tpu_path_matches_sequential(monkeypatch):
     """What ELK runs on a TPU (the dense Kalman combine scanned in chunks, its blocks
     solved by elimination), traced here as if the backend were one: the sequential

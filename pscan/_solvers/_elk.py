@@ -8,6 +8,7 @@ import equinox as eqx
 import jax
 import jax.lax as lax
 import jax.numpy as jnp
+from jax.scipy.linalg import cho_factor, cho_solve
 
 from .._associative import SCAN_METHODS, associative_scan, auto_method
 from .._axis import everywhere, global_rows, shift_backward, shift_forward
@@ -44,6 +45,10 @@ class _Dense:
         return _solve(m, b)
 
     @staticmethod
+    def solve_spd(m, b):  # m^{-1} b, m symmetric positive definite
+        return _solve_spd(m, b)
+
+    @staticmethod
     def solve_three(m, a, c, v):  # m^{-1} a, m^{-1} c, m^{-1} v: one factorisation
         d = a.shape[-1]
         x = _solve(m, jnp.concatenate([a, c, v[..., None]], axis=-1))
@@ -65,6 +70,21 @@ def _solve(m, b):
         wide = jnp.linalg.solve(m.astype(jnp.float32), b.astype(jnp.float32))
         return wide.astype(b.dtype)
     return jnp.linalg.solve(m, b)
+
+
+def _solve_spd(m, b):
+    """`m^{-1} b` for a batch of real symmetric positive definite blocks (its lower
+    triangle read), by Cholesky: on CPU a batch of 782 blocks of 32 x 32 compiles in
+    0.10 s and runs in 3.9 ms where LU takes 0.23 s and 5.2 ms (LU's pivots become a
+    permutation in a loop of its own). Complex blocks (whose `F P F^T` is not
+    Hermitian) and a TPU's (which factorises the blocks of a batch one after another)
+    go to `_solve`."""
+    if jax.default_backend() == "tpu" or not jnp.issubdtype(m.dtype, jnp.floating):
+        return _solve(m, b)
+    narrow = jnp.finfo(m.dtype).bits < 32
+    wide = lambda x: x.astype(jnp.float32) if narrow else x
+    factor = cho_factor(wide(m), lower=True)
+    return cho_solve(factor, wide(b)).astype(b.dtype)
 
 
 def _gauss_jordan(m, b):
@@ -101,6 +121,7 @@ class _Diagonal:
     t = staticmethod(lambda a: a)
     eye = staticmethod(jnp.ones_like)
     solve = staticmethod(lambda m, b: b / m)
+    solve_spd = solve
     solve_three = staticmethod(lambda m, a, c, v: (a / m, c / m, v / m))
 
 
@@ -185,8 +206,8 @@ def _kalman(
     # (the first row's is (0, h0): its covariance is 0); the last row's is (0, m)
     pf = alg.mm(jac, covs)  # F P
     gain = alg.t(
-        alg.solve(alg.mm(pf, alg.t(jac)) + alg.eye(covs), pf)
-    )  # P F^T (F P F^T + I)^-1
+        alg.solve_spd(alg.mm(pf, alg.t(jac)) + alg.eye(covs), pf)
+    )  # P F^T (F P F^T + I)^-1, F P F^T + I >= I
     last = index == total - 1
     e = jnp.where(row(last, gain), 0, gain)
     own = shift_backward(u, axis_name)  # c_k

@@ -61,15 +61,10 @@ def _solve(m, b):
     the blocks of a batch one after another (TPU v5e, d = 16: about 4.3 us a block,
     90 ms for the 263 combines of 79 blocks in the chunked filter at K = 10000, where
     an elimination vectorised over the batch took 5 ms; the whole filter 12 ms with
-    the one below). On a single block LU is 4x faster: it stays on CPU and GPU, in
-    float32 for half-precision blocks (LAPACK and cuSOLVER have no bfloat16 or
-    float16 LU)."""
+    the one below). On a single block LU is 4x faster: it stays on CPU and GPU."""
     if jax.default_backend() == "tpu":
         return _gauss_jordan(m, b)
-    if jnp.issubdtype(m.dtype, jnp.floating) and jnp.finfo(m.dtype).bits < 32:
-        wide = jnp.linalg.solve(m.astype(jnp.float32), b.astype(jnp.float32))
-        return wide.astype(b.dtype)
-    return jnp.linalg.solve(m, b)
+    return _in_float32_at_least(jnp.linalg.solve, m, b)
 
 
 def _solve_spd(m, b):
@@ -81,10 +76,17 @@ def _solve_spd(m, b):
     go to `_solve`."""
     if jax.default_backend() == "tpu" or not jnp.issubdtype(m.dtype, jnp.floating):
         return _solve(m, b)
-    narrow = jnp.finfo(m.dtype).bits < 32
-    wide = lambda x: x.astype(jnp.float32) if narrow else x
-    factor = cho_factor(wide(m), lower=True)
-    return cho_solve(factor, wide(b)).astype(b.dtype)
+    cholesky = lambda m, b: cho_solve(cho_factor(m, lower=True), b)
+    return _in_float32_at_least(cholesky, m, b)
+
+
+def _in_float32_at_least(solve, m, b):
+    """`solve(m, b)`, in float32 for half-precision floating blocks (LAPACK and
+    cuSOLVER factorise no bfloat16 or float16), cast back to `b`'s dtype."""
+    if jnp.issubdtype(m.dtype, jnp.floating) and jnp.finfo(m.dtype).bits < 32:
+        wide = solve(m.astype(jnp.float32), b.astype(jnp.float32))
+        return wide.astype(b.dtype)
+    return solve(m, b)
 
 
 def _gauss_jordan(m, b):

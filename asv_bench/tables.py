@@ -10,6 +10,7 @@ the same run (this is what docs/benchmarks.md quotes).
     python asv_bench/tables.py sharding   # sharded linear recurrence on 1, 2, 4 host devices
     python asv_bench/tables.py warmstart  # iterations saved by recurrence(guess=) in training
     python asv_bench/tables.py packed     # 16 series of different lengths: resets vs padding
+    python asv_bench/tables.py compile    # gradient compile time of every solver
 
 Every candidate is compiled first (compile time reported), then the compiled programs are
 timed in interleaved rounds so that machine noise hits all candidates alike (median
@@ -513,16 +514,34 @@ def _sharding_child(args):
     print(f"RESULT {devices} {med['fwd']} {med['grad']} {plain}")
 
 
-def _fastest_compile(fn, args, repeats):
+def _fastest_compile(fn, args, repeats, device=None):
     """Fastest of `repeats` fresh traces, lowerings and compiles of `jit(fn)(*args)`
-    (`jax.clear_caches()` before each), seconds."""
+    (`jax.clear_caches()` before each), seconds; for `device` (of an ahead-of-time
+    topology), the arrays given as shapes placed there."""
+    arrays, rest = eqx.partition(args, eqx.is_array)
+    if device is not None:
+        place = jax.sharding.SingleDeviceSharding(device)
+        arrays = jax.tree_util.tree_map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=place), arrays
+        )
     best = float("inf")
     for _ in range(repeats):
         jax.clear_caches()
         start = time.perf_counter()
-        eqx.filter_jit(fn).lower(*args).compile()
+        jax.jit(lambda a: fn(*eqx.combine(a, rest))).trace(arrays).lower().compile()
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def _aot_device(topology):
+    """The first device of a TPU `topology` (e.g. `"v5e:2x2"`) to compile for ahead of
+    time on this host (libtpu installed, no TPU needed), with pscan's TPU code paths
+    traced: `jax.default_backend()` reports "tpu" from here on."""
+    from jax.experimental import topologies
+
+    device = topologies.get_topology_desc(topology, "tpu").devices[0]
+    jax.default_backend = lambda: "tpu"
+    return device
 
 
 def compile_times(args):
@@ -534,9 +553,11 @@ def compile_times(args):
     import train_long_series as example
 
     n, t = args.repeats, args.length
-    print(
-        f"# T = {t}, jax {jax.__version__}, backend {jax.default_backend()}, fastest of {n}"
-    )
+    device = None if args.aot is None else _aot_device(args.aot)
+    backend = jax.default_backend()
+    if device is not None:
+        backend += f" (compiled ahead of time for {args.aot}, {device.device_kind})"
+    print(f"# T = {t}, jax {jax.__version__}, backend {backend}, fastest of {n}")
     cell, xs, h0 = gru_problem(t, args.hidden)
     bare = {
         name: (solver_programs(solver, h0)["grad"], (cell, xs))
@@ -569,7 +590,7 @@ def compile_times(args):
     }
     rows = []
     for program, candidates in programs.items():
-        seconds = {k: _fastest_compile(*c, n) for k, c in candidates.items()}
+        seconds = {k: _fastest_compile(*c, n, device) for k, c in candidates.items()}
         base = seconds[
             "Sequential" if "Sequential" in seconds else "--solver sequential"
         ]
@@ -644,6 +665,12 @@ def main():
     p.add_argument("--hidden", type=int, default=32)
     p.add_argument("--chunk", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--aot",
+        metavar="TOPOLOGY",
+        help="compile for a TPU ahead of time on this host, e.g. v5e:2x2 (needs "
+        "libtpu: pip install 'jax[tpu]'; no TPU)",
+    )
     p = sub.add_parser("sharding", help="sharded linear recurrence on host devices")
     p.add_argument("--length", type=int, default=2**20)
     p.add_argument("--channels", type=int, default=32)

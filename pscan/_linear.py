@@ -26,6 +26,7 @@ from jaxtyping import Array, ArrayLike, Bool, Inexact, Int
 
 from ._associative import associative_scan, at_step, auto_method, doubling, fold
 from ._axis import like_inputs
+from ._blocks import block_matmul
 from ._chunking import default_chunk_size, from_chunks, shift_in, to_chunks
 from ._finite import finite_along
 from ._segments import along_time, segment_masks
@@ -66,7 +67,7 @@ def _compose(a_later, a_earlier, dense: bool):
     """The coefficient of applying `a_earlier`, then `a_later` (a zero factor makes
     it zero, as in `_act`)."""
     if dense:
-        return jnp.matmul(a_later, a_earlier, precision=lax.Precision.HIGHEST)
+        return block_matmul(a_later, a_earlier)
     zero = (a_later == 0) | (a_earlier == 0)
     return jnp.where(zero, jnp.zeros((), a_later.dtype), a_later * a_earlier)
 

@@ -12,6 +12,7 @@ from jax.scipy.linalg import cho_factor, cho_solve
 
 from .._associative import SCAN_METHODS, associative_scan, auto_method
 from .._axis import everywhere, global_rows, shift_backward, shift_forward
+from .._blocks import block_matmul
 from .._finite import all_along, finite_along
 from ._base import as_python, check_precision
 from ._jacobian import STRUCTURES, DenseJacobian, DiagonalJacobian
@@ -24,9 +25,7 @@ _HIGHEST = lax.Precision.HIGHEST
 class _Dense:
     """Matrix algebra on `(..., d, d)` blocks."""
 
-    @staticmethod
-    def mm(a, b):
-        return jnp.matmul(a, b, precision=_HIGHEST)
+    mm = staticmethod(block_matmul)
 
     @staticmethod
     def mv(a, v):

@@ -1,9 +1,9 @@
 """pscan's products of small blocks (`pscan/_blocks.py`) both ways on this machine: the
 matrix units' `jnp.matmul` at full precision against the elementwise multiply-and-sum
-that a TPU takes for blocks up to 32 wide. Run time (median of 7 rounds of 20 calls of
-the compiled program) and compile time (trace, lower and compile), for the products
-alone, the dense linear recurrence, and DEER's and `ELK(chunk_size=128)`'s forward and
-gradient on a GRU 1 -> 32.
+that a TPU takes for blocks up to 32 wide. Run time (median of interleaved calls of
+the two compiled programs) and compile time (lower and compile), for the products
+alone, the dense linear recurrence, and DEER's and `ELK(chunk_size=128)`'s forward
+and gradient on a GRU 1 -> 32.
 
     python asv_bench/block_products.py            # on a TPU: the two ways it can take
     python asv_bench/block_products.py --length 16384
@@ -13,37 +13,34 @@ On other backends both rows run `jnp.matmul` unless `--as-tpu` traces pscan's TP
 """
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
-from benchmarks.measure import print_table
+from benchmarks.measure import compile_timed, interleaved_medians, print_table
 from benchmarks.scenarios import gru_problem, solver_programs
 
 import pscan
 import pscan._blocks as blocks
 
 
-def _timed(fn, args):
-    """`(ms per call, compile s)` of `jit(fn)(*args)`, compiled afresh."""
-    jax.clear_caches()
-    start = time.perf_counter()
-    compiled = jax.jit(fn).lower(*args).compile()
-    compile_s = time.perf_counter() - start
-    jax.block_until_ready(compiled(*args))
-    rounds = []
-    for _ in range(7):
-        start = time.perf_counter()
-        for _ in range(20):
-            out = compiled(*args)
-        jax.block_until_ready(out)
-        rounds.append((time.perf_counter() - start) / 20)
-    return sorted(rounds)[3] * 1e3, compile_s
+def _both_ways(fn, args, repeats):
+    """`(ms, compile s)` of `jit(fn)(*args)` with the matrix units' products, then with
+    the elementwise ones, each compiled afresh, timed in interleaved rounds."""
+    widest = blocks._ELEMENTWISE_UP_TO
+    compiled = {}
+    for up_to in (0, widest):  # the matrix units, then elementwise up to 32 wide
+        blocks._ELEMENTWISE_UP_TO = up_to
+        jax.clear_caches()
+        compiled[up_to] = compile_timed(fn, *args)
+    blocks._ELEMENTWISE_UP_TO = widest
+    med = interleaved_medians(compiled, *args, repeats=repeats)
+    return [(med[k] * 1e3, compiled[k][1]) for k in (0, widest)]
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--length", type=int, default=100000, help="T of the scans")
+    parser.add_argument("--repeats", type=int, default=51, help="interleaved rounds")
     parser.add_argument("--as-tpu", action="store_true", help="trace pscan's TPU paths")
     args = parser.parse_args()
     if args.as_tpu:
@@ -75,14 +72,10 @@ def main():
         ]
     print(f"# jax {jax.__version__}, {jax.devices()[0].device_kind}")
     rows = []
-    widest = blocks._ELEMENTWISE_UP_TO
     for name, fn, fn_args in cases:
         row = [name]
-        for up_to in (0, widest):  # the matrix units, then elementwise up to 32 wide
-            blocks._ELEMENTWISE_UP_TO = up_to
-            ms, compile_s = _timed(fn, fn_args)
+        for ms, compile_s in _both_ways(fn, fn_args, args.repeats):
             row += [f"{ms:.3f}", f"{compile_s:.2f}"]
-        blocks._ELEMENTWISE_UP_TO = widest
         rows.append(row)
     header = [
         "program",

@@ -99,6 +99,11 @@ ROOT = pathlib.Path(__file__).parent.parent
             "of copy bandwidth",
         ),
         (
+            "asv_bench/block_products.py",
+            ["--length", "64", "--repeats", "1", "--as-tpu"],
+            "| dense linear_recurrence, T = 64, gradient | ",
+        ),
+        (
             "asv_bench/tables.py",
             [
                 "linear",

@@ -20,6 +20,7 @@ those of the asv suite (`benchmarks/scenarios.py`).
 """
 
 import argparse
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -541,6 +542,10 @@ def _aot_device(topology):
 
     device = topologies.get_topology_desc(topology, "tpu").devices[0]
     jax.default_backend = lambda: "tpu"
+    # the compiler's one-time start-up, outside the timings
+    place = jax.sharding.SingleDeviceSharding(device)
+    one = jax.ShapeDtypeStruct((8,), jnp.float32, sharding=place)
+    jax.jit(lambda x: x + 1).trace(one).lower().compile()
     return device
 
 
@@ -556,7 +561,11 @@ def compile_times(args):
     device = None if args.aot is None else _aot_device(args.aot)
     backend = jax.default_backend()
     if device is not None:
-        backend += f" (compiled ahead of time for {args.aot}, {device.device_kind})"
+        libtpu = importlib.metadata.version("libtpu")
+        backend += (
+            f" (compiled ahead of time for {args.aot}, {device.device_kind}, "
+            f"libtpu {libtpu})"
+        )
     print(f"# T = {t}, jax {jax.__version__}, backend {backend}, fastest of {n}")
     cell, xs, h0 = gru_problem(t, args.hidden)
     bare = {

@@ -12,7 +12,7 @@ from jax.scipy.linalg import cho_factor, cho_solve
 
 from .._associative import SCAN_METHODS, associative_scan, auto_method
 from .._axis import everywhere, global_rows, shift_backward, shift_forward
-from .._blocks import block_matmul
+from .._blocks import block_matmul, in_float32_at_least
 from .._finite import all_along, finite_along
 from ._base import as_python, check_precision
 from ._jacobian import STRUCTURES, DenseJacobian, DiagonalJacobian
@@ -63,7 +63,7 @@ def _solve(m, b):
     the one below). On a single block LU is 4x faster: it stays on CPU and GPU."""
     if jax.default_backend() == "tpu":
         return _gauss_jordan(m, b)
-    return _in_float32_at_least(jnp.linalg.solve, m, b)
+    return in_float32_at_least(jnp.linalg.solve, m, b)
 
 
 def _solve_spd(m, b):
@@ -76,16 +76,7 @@ def _solve_spd(m, b):
     if jax.default_backend() == "tpu" or not jnp.issubdtype(m.dtype, jnp.floating):
         return _solve(m, b)
     cholesky = lambda m, b: cho_solve(cho_factor(m, lower=True), b)
-    return _in_float32_at_least(cholesky, m, b)
-
-
-def _in_float32_at_least(solve, m, b):
-    """`solve(m, b)`, in float32 for half-precision floating blocks (LAPACK and
-    cuSOLVER factorise no bfloat16 or float16), cast back to `b`'s dtype."""
-    if jnp.issubdtype(m.dtype, jnp.floating) and jnp.finfo(m.dtype).bits < 32:
-        wide = solve(m.astype(jnp.float32), b.astype(jnp.float32))
-        return wide.astype(b.dtype)
-    return solve(m, b)
+    return in_float32_at_least(cholesky, m, b)
 
 
 def _gauss_jordan(m, b):

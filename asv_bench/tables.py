@@ -11,6 +11,7 @@ the same run (this is what docs/benchmarks.md quotes).
     python asv_bench/tables.py warmstart  # iterations saved by recurrence(guess=) in training
     python asv_bench/tables.py packed     # 16 series of different lengths: resets vs padding
     python asv_bench/tables.py compile    # gradient compile time of every solver
+    python asv_bench/tables.py precision  # Jacobians at full or default precision
 
 Every candidate is compiled first (compile time reported), then the compiled programs are
 timed in interleaved rounds so that machine noise hits all candidates alike (median
@@ -20,6 +21,7 @@ those of the asv suite (`benchmarks/scenarios.py`).
 """
 
 import argparse
+import dataclasses
 import importlib.metadata
 import os
 import subprocess
@@ -608,6 +610,69 @@ def compile_times(args):
     print_table(["program", "solver", "grad compile (s)", "vs sequential"], rows)
 
 
+def precision(args):
+    """Jacobians at full precision (one forward-mode pass with the chunk ends) against
+    `jacobian_precision="default"` (the ends apart at full precision): iterations and
+    errors on the chaotic AR-GRUs, then time and compile time on the GRU. On CPU every
+    product is exact whatever its precision: the separate pass is forced there, and
+    the rows differ only by its cost."""
+    pscan._precision._products_exact = lambda: False
+    variants = ("highest", "default")
+    print(f"# jax {jax.__version__}, {jax.devices()[0].device_kind}, float32")
+    header = [f"cell (T = {args.length}, atol {args.atol})", "solver"]
+    header += ["iterations, Jacobians at highest", "at default"]
+    header += ["max error vs Sequential, highest", "at default"]
+    print_table(header, [])
+    for config in (*AR_GRU_CONFIGS, MILD_AR_GRU_CONFIG):
+        cell, xs, h0 = ar_gru_problem(args.length, *config)
+        with jax.default_matmul_precision("highest"):
+            exact = pscan.recurrence(cell, xs, h0, solver=pscan.Sequential()).hs
+        solvers = _without(chaos_solvers(args.length, args.atol), args.skip)
+        for label, solver in solvers.items():
+            iters, errors = [], []
+            for jp in variants:
+                s = dataclasses.replace(solver, jacobian_precision=jp)
+                solve = eqx.filter_jit(
+                    lambda c, xs, h0, s=s: pscan.recurrence(
+                        c, xs, h0, solver=s, throw=False
+                    )
+                )
+                sol = solve(cell, xs, h0)
+                iters.append(int(sol.stats["num_iterations"]))
+                errors.append(f"{float(jnp.max(jnp.abs(sol.hs - exact))):.1e}")
+            table_row([f"AR-GRU {config[:3]}", label, *iters, *errors])
+    cell, xs, h0 = gru_problem(args.gru_length)
+    with jax.default_matmul_precision("highest"):
+        exact = jax.jit(
+            lambda c, xs: pscan.recurrence(c, xs, h0, solver=pscan.Sequential()).hs
+        )(cell, xs)
+    tol = dict(rtol=args.atol, atol=args.atol)
+    header = [f"GRU 1 -> 32, T = {args.gru_length}", "Jacobians", "max error"]
+    header += ["fwd (ms)", "fwd compile (s)", "grad (ms)", "grad compile (s)"]
+    print_table(header, [])
+    for label, solver in {
+        f"Newton(chunk_size={args.chunk})": pscan.Newton(chunk_size=args.chunk, **tol),
+        f"ELK(chunk_size={args.chunk})": pscan.ELK(chunk_size=args.chunk, **tol),
+        "Newton() = DEER": pscan.Newton(**tol),
+    }.items():
+        if any(k and k in label for k in args.skip.split(",")):
+            continue
+        programs = {}
+        for jp in variants:
+            s = dataclasses.replace(solver, jacobian_precision=jp)
+            runs = solver_programs(s, h0)
+            programs[jp, "fwd"], programs[jp, "grad"] = runs["fwd"], runs["grad_sq"]
+        compiled = compile_all(programs, cell, xs)
+        med = interleaved_medians(compiled, cell, xs, repeats=args.repeats)
+        for jp in variants:
+            hs = compiled[jp, "fwd"][0](cell, xs)
+            errors = f"{float(jnp.max(jnp.abs(hs - exact))):.1e}"
+            times = []
+            for kind in ("fwd", "grad"):
+                times += [f"{med[jp, kind] * 1e3:.2f}", f"{compiled[jp, kind][1]:.2f}"]
+            table_row([label, jp, errors, *times])
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -680,6 +745,13 @@ def main():
         help="compile for a TPU ahead of time on this host, e.g. v5e:2x2 (needs "
         "libtpu: pip install 'jax[tpu]'; no TPU)",
     )
+    p = sub.add_parser("precision", help="Jacobians at full vs default precision")
+    p.add_argument("--length", type=int, default=500, help="T of the chaotic cells")
+    p.add_argument("--atol", type=float, default=1e-5)
+    p.add_argument("--gru-length", type=int, default=65536)
+    p.add_argument("--chunk", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=11)
+    p.add_argument("--skip", default="", help="comma-separated name fragments")
     p = sub.add_parser("sharding", help="sharded linear recurrence on host devices")
     p.add_argument("--length", type=int, default=2**20)
     p.add_argument("--channels", type=int, default=32)
@@ -690,7 +762,7 @@ def main():
     args = parser.parse_args()
     commands = {"linear": linear, "solvers": solvers, "seed": seed, "gradmem": gradmem}
     commands.update(warmstart=warmstart, sharding=sharding, deer=deer, chaos=chaos)
-    commands.update(packed=packed, compile=compile_times)
+    commands.update(packed=packed, compile=compile_times, precision=precision)
     commands[args.what](args)
 
 

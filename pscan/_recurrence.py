@@ -8,6 +8,7 @@ from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, ArrayLike, Bool, Int, PyTree
 
 from ._cell import cell_parts
+from ._precision import TwoPrecisionCell
 from ._segments import segment_masks
 from ._solution import RESULTS, Solution
 from ._solvers import AbstractSolver, Problem, Sequential
@@ -165,7 +166,14 @@ def _recurrence(cell, xs, h0, solver, throw, guess, reverse, resets, length):
         # closed-over arrays become leaves of the cell, parameters as a module's are,
         # so that the solvers' implicit derivatives see them (closed over, they would
         # leak out of the custom rules as tracers)
-        cell = eqx.filter_closure_convert(cell, x0, h0)
+        converted = eqx.filter_closure_convert(cell, x0, h0)
+        jacobian_precision = solver.jacobian_matrix_precision()
+        if jacobian_precision is not None:  # its products take the precision of the
+            # trace: one conversion for the solver's Jacobians, one for the rest
+            with jax.default_matmul_precision(jacobian_precision):
+                jacobian = eqx.filter_closure_convert(cell, x0, h0)
+            converted = TwoPrecisionCell(converted, jacobian)
+        cell = converted
     h0_flat, unravel_flat = ravel_pytree(h0)
     # complex states are solved as real vectors (real parts, then imaginary parts): the
     # solvers' Jacobians are then real `2d x 2d` matrices, right for any cell,

@@ -189,6 +189,12 @@ ROOT = pathlib.Path(__file__).parent.parent
         ),
         (
             "asv_bench/tables.py",
+            ["precision", "--length", "24", "--gru-length", "64", "--chunk", "8"]
+            + ["--repeats", "1", "--skip", "DEER,diagonal,damping,ELK"],
+            "| Newton(chunk_size=8) | default | ",
+        ),
+        (
+            "asv_bench/tables.py",
             ["chaos", "--length", "48", "--cells", "2,mild"],
             "| AR-GRU (16, 5.0, 5.0) | Newton(chunk_size=16) | True | ",
         ),

@@ -871,6 +871,9 @@ def test_precision_is_checked():
     for solver in (pscan.Newton, pscan.ELK, pscan.Picard):
         with pytest.raises(ValueError, match="precision"):
             solver(precision="very high")
+    for solver in (pscan.Newton, pscan.ELK):
+        with pytest.raises(ValueError, match="jacobian_precision"):
+            solver(jacobian_precision="very high")
     assert pscan.Newton(precision="float32").matrix_precision() == "float32"
     assert pscan.Picard(precision=None).matrix_precision() is None
     assert pscan.Sequential().matrix_precision() is None
@@ -913,3 +916,44 @@ print("ok")
         [sys.executable, "-c", code], capture_output=True, text=True, env=env
     )
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+@pytest.mark.parametrize("kind", ["module", "function"])
+@pytest.mark.parametrize(
+    "solver",
+    [
+        pscan.Newton(chunk_size=4),
+        pscan.Newton(),
+        pscan.Newton(chunk_size=3, jacobian="diagonal"),
+        pscan.ELK(chunk_size=4, jacobian_precision="default"),
+        pscan.ELK(jacobian="diagonal", jacobian_precision="default"),
+    ],
+)
+def test_jacobians_at_their_own_precision(kind, solver, monkeypatch):
+    # off CPU, the forward iteration's Jacobians are traced at `jacobian_precision`
+    # (Newton's default: "default"), apart from the chunk ends at `precision`; a
+    # function cell closed over arrays is converted at both. Forced here (CPU
+    # products are exact whatever the precision): the jaxpr holds both, the numbers
+    # are those of the loop, and so are the gradients, the closed-over arrays'
+    # included
+    monkeypatch.setattr(pscan._precision, "_products_exact", lambda: False)
+    key = jax.random.PRNGKey(3)
+    gru = eqx.nn.GRUCell(1, 4, key=key)
+    w = 0.4 * jax.random.normal(key, (4, 4))
+    xs, h0 = jax.random.normal(key, (23, 1)), jnp.zeros(4)
+
+    def states(w, xs, solver=solver):
+        cell = gru if kind == "module" else (lambda x, h: jnp.tanh(w @ h + x[0]))
+        return pscan.recurrence(cell, xs, h0, solver=solver).hs
+
+    loss = lambda w, xs, solver=solver: jnp.sum(jnp.sin(states(w, xs, solver)))
+    full, default = (jax.lax.Precision.HIGHEST,) * 2, (jax.lax.Precision.DEFAULT,) * 2
+    precisions = set(dot_precisions(states, w, xs))
+    assert precisions == {full, default}
+    one_pass = dataclasses.replace(solver, jacobian_precision=None)
+    assert set(dot_precisions(lambda w, xs: states(w, xs, one_pass), w, xs)) == {full}
+    sequential = pscan.Sequential()
+    assert_allclose(states(w, xs), states(w, xs, sequential), jnp.float32)
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)
+    for g, ref in zip(grad(w, xs, solver), grad(w, xs, sequential)):
+        assert_allclose(g, ref, jnp.float32)

@@ -211,6 +211,18 @@ class AbstractSolver(eqx.Module):
         """
         return None
 
+    def jacobian_matrix_precision(self) -> str | None:
+        """The precision at which the cell's Jacobians are traced in the forward
+        iteration, apart from its residuals (`matrix_precision`), if it differs.
+        `pscan.recurrence` then closure-converts a function cell at both.
+
+        **Returns:**
+
+        A precision name, or None (the default): the Jacobians at
+        `matrix_precision`.
+        """
+        return None
+
 
 def finite_result(hs: Array) -> tuple[Array, RESULTS]:
     """`(finite, result)` for states that are the answer as they stand: the one rule
@@ -233,22 +245,6 @@ def check_positive_int(owner: str, name: str, value, allow_none: bool = False):
         raise ValueError(
             f"pscan.{owner}: `{name}` must be a positive int, got {value!r}"
         )
-
-
-def check_precision(owner: str, value):
-    """Raises a `ValueError` naming `owner.precision` unless `value` is None or a value
-    of `jax.default_matmul_precision`."""
-    if value is None:
-        return
-    try:
-        with jax.default_matmul_precision(value):
-            pass
-    except (TypeError, ValueError) as e:
-        raise ValueError(
-            f"pscan.{owner}: `precision` must be None or a value of "
-            f"`jax.default_matmul_precision` ('highest', 'float32', 'default', ...), "
-            f"got {value!r}"
-        ) from e
 
 
 def check_tolerance(owner: str, name: str, value):

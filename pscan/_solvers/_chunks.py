@@ -6,6 +6,7 @@ from jaxtyping import Array, PyTree
 
 from .._axis import shift_backward, shift_forward
 from .._chunking import from_chunks
+from .._precision import linearising
 from ._base import Problem, chunk_xs
 from ._jacobian import AbstractJacobian
 
@@ -106,16 +107,24 @@ class Chunks(eqx.Module):
         return structure.linearise(self.end, starts, xs)
 
     def ends_and_linearise(
-        self, structure: type[AbstractJacobian], starts: Array
+        self,
+        structure: type[AbstractJacobian],
+        starts: Array,
+        precision: str | None = None,
     ) -> tuple[Array, AbstractJacobian]:
         """`ends(starts)` and `linearise(structure, starts)` for every chunk, from one
         forward-mode pass (its values are the ends): no separate run of the chunks,
-        in the compiled program or at run time.
+        in the compiled program or at run time; or, with a `precision`, the ends as
+        they stand and the Jacobians apart, their products at `precision`.
 
         **Returns:**
 
         `(ends, operator)`: `F_k(starts[k])`, `(K, d)`, and the K chunk Jacobians.
         """
+        if precision is not None:
+            ends = self.ends(starts)
+            with linearising(precision):
+                return ends, self.linearise(structure, starts)
         jac, ends = structure.linearise(self.end, starts, self.xs, value=True)
         return ends, jac
 

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 
 from .._finite import finite_along
 from .._linear import linear_recurrence
-from ._base import as_python, check_precision
+from .._precision import check_precision, separate_jacobian_precision
+from ._base import as_python
 from ._jacobian import STRUCTURES
 from ._shooting import AbstractShootingSolver
 
@@ -54,8 +55,17 @@ class Newton(AbstractShootingSolver):
         Newton's convergence needs accurate Jacobians, and on a TPU (or a GPU with
         TF32) the default products are rounded to about three digits (DEER took 493
         iterations instead of 74 on a mildly chaotic cell at T = 500 on a TPU v5e;
-        on a contractive GRU full precision cost 1.7x the time: see the benchmarks
-        page). None: the caller's precision. No effect on CPU.
+        on a contractive GRU full precision cost 1.7x the time, 1.05x with the
+        Jacobians at `jacobian_precision`: see the benchmarks page). None: the
+        caller's precision. No effect on CPU.
+    - `jacobian_precision`: the precision of the cell's products in the forward-mode
+        pass that builds the Jacobians, `"default"` by default. The step needs only
+        an approximate Jacobian: the chunk ends (the residuals, which decide the
+        fixed point) run apart at `precision`, the Jacobians at the faster default
+        (on a TPU v5e: the same iterations as at `"highest"` on a mildly chaotic
+        cell, `Newton(chunk_size=128)` 1.5x faster on a GRU). None, or the same as
+        `precision`: one pass at `precision` for both. The gradient's Jacobians are
+        always at `precision`. No effect on CPU (one pass).
     """
 
     chunk_size: int = eqx.field(static=True, default=1, converter=as_python)
@@ -67,6 +77,7 @@ class Newton(AbstractShootingSolver):
     fallback: str | None = eqx.field(static=True, default=None)
     axis_name: str | None = eqx.field(static=True, default=None)
     precision: str | None = eqx.field(static=True, default="highest")
+    jacobian_precision: str | None = eqx.field(static=True, default="default")
     name: ClassVar[str] = "Newton"
 
     def __check_init__(self):
@@ -78,15 +89,21 @@ class Newton(AbstractShootingSolver):
         if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d < 1:
             raise ValueError(f"pscan.Newton: `damping` must be in [0, 1), got {d!r}")
         check_precision("Newton", self.precision)
+        check_precision("Newton", self.jacobian_precision, "jacobian_precision")
 
     def matrix_precision(self):
         return self.precision
+
+    def jacobian_matrix_precision(self):
+        return separate_jacobian_precision(self.precision, self.jacobian_precision)
 
     def linearisation(self):
         return STRUCTURES[self.jacobian]
 
     def step(self, chunks, starts, state):
-        ends, jac = chunks.ends_and_linearise(self.linearisation(), starts)
+        ends, jac = chunks.ends_and_linearise(
+            self.linearisation(), starts, self.jacobian_matrix_precision()
+        )
         new = newton_starts(chunks, starts, ends, jac.scale(1 - self.damping))
         return new, state, ends
 

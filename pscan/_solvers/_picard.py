@@ -2,7 +2,8 @@ from typing import ClassVar
 
 import equinox as eqx
 
-from ._base import as_python, check_precision
+from .._precision import check_precision
+from ._base import as_python
 from ._shooting import AbstractShootingSolver
 
 

@@ -109,14 +109,15 @@ def test_bad_arguments():
         pscan.ELK(fallback="sequential", axis_name="time")
 
 
-def test_kalman_scan_methods_agree():
+@pytest.mark.parametrize("jacobian", ["diagonal", "dense"])
+def test_kalman_scan_methods_agree(jacobian):
     """The Kalman filter and smoother run by `pscan.associative_scan`: a loop, XLA's
     parallel scan or chunks give the same steps (iterations) and the same answer."""
     cell, xs, h0 = _problem(37, gain=2.0)
     ref = scan_cell(cell, xs, h0)
     iterations = set()
     for method in ("sequential", "associative", "chunked"):
-        solver = pscan.ELK(jacobian="diagonal", method=method, **TIGHT)
+        solver = pscan.ELK(jacobian=jacobian, method=method, **TIGHT)
         sol = eqx.filter_jit(pscan.recurrence)(cell, xs, h0, solver=solver)
         assert_allclose(sol.hs, ref)
         iterations.add(int(sol.stats["num_iterations"]))
@@ -163,14 +164,20 @@ def test_exact_prefix_survives_starts_at_the_bound():
     assert float(jnp.max(jnp.abs(sol.hs - jax.vmap(cell)(xs[:length], prev)))) <= 1e-5
 
 
-@pytest.mark.parametrize("solve", ["lu", "gauss-jordan"])
+@pytest.mark.parametrize(
+    "solve, method",
+    [("lu", "sequential"), ("lu", "associative"), ("gauss-jordan", "sequential")],
+)
 @pytest.mark.parametrize("structure", ["dense", "diagonal"])
-def test_kalman_steps_are_least_squares_minimisers(structure, solve, monkeypatch):
+def test_kalman_steps_are_least_squares_minimisers(
+    structure, solve, method, monkeypatch
+):
     """The damped steps against a direct least-squares solve (float64): the smoother's
     is the minimiser over all rows, the filter's row `k` the last row of the minimiser
     over rows `1..k` (the linearised residuals up to `k` and the distances to the
     observations, `1 / sigma^2` each); with the dense blocks solved by LU, or by the
-    elimination that a TPU uses."""
+    elimination that a TPU uses; by the classic filter and smoother steps (a loop from
+    the first row) or the general combine (the parallel scan)."""
     if solve == "gauss-jordan":
         monkeypatch.setattr(_elk, "_solve", _elk._gauss_jordan)
     K, d = 7, 3
@@ -194,7 +201,7 @@ def test_kalman_steps_are_least_squares_minimisers(structure, solve, monkeypatch
         implied,
         y_all,
         kappa,
-        "sequential",
+        method,
         None,
         smooth,
         None,

@@ -54,6 +54,11 @@ class _Dense:
         x = _solve(m, jnp.concatenate([a, c, v[..., None]], axis=-1))
         return x[..., :d], x[..., d : 2 * d], x[..., 2 * d]
 
+    @staticmethod
+    def solve_two(m, c, v):  # m^{-1} c, m^{-1} v: one factorisation
+        x = _solve(m, jnp.concatenate([c, v[..., None]], axis=-1))
+        return x[..., :-1], x[..., -1]
+
 
 def _solve(m, b):
     """`m^{-1} b` for a batch of small `(..., d, d)` blocks, `b` `(..., d, r)`: LU
@@ -116,6 +121,7 @@ class _Diagonal:
     solve = staticmethod(lambda m, b: b / m)
     solve_spd = solve
     solve_three = staticmethod(lambda m, a, c, v: (a / m, c / m, v / m))
+    solve_two = staticmethod(lambda m, c, v: (c / m, v / m))
 
 
 # the Kalman smoother's algebra for each Jacobian structure
@@ -183,6 +189,21 @@ def _kalman(
         j12 = alg.mm(alg.mm(alg.t(w), j2), a1) + j1
         return a12, b12, c12, eta12, j12
 
+    def predict_update(e1, e2):
+        # `combine` where `e1` is a prefix from the sequence's first row, whose A is
+        # zero (h0 is known exactly): then so are its products with A1, and what is
+        # left is the classic filter's prediction and update (its A, eta and J pass
+        # through, unread). A sequential scan over the whole sequence only ever
+        # combines such prefixes: half the factorisation's columns, three fewer
+        # products of blocks
+        a1, b1, c1, eta1, j1 = e1
+        a2, b2, c2, eta2, j2 = e2
+        mc, mb = alg.solve_two(alg.eye(c1) + alg.mm(c1, j2), c1, b1 + alg.mv(c1, eta2))
+        return a1, alg.mv(a2, mb) + b2, alg.mm(alg.mm(a2, mc), alg.t(a2)) + c2, eta1, j1
+
+    # a loop over the whole sequence (no `axis_name`: no other device's rows before
+    # these) runs from its first row, and back from its last
+    from_start = method == "sequential" and axis_name is None
     elements = (a, b, c, eta, jj)
     scan = lambda combine, elements, reverse: associative_scan(
         combine,
@@ -192,7 +213,9 @@ def _kalman(
         chunk_size=chunk_size,
         axis_name=axis_name,
     )
-    _, means, covs, _, _ = scan(combine, elements, False)
+    _, means, covs, _, _ = scan(
+        predict_update if from_start else combine, elements, False
+    )
     if not smooth:
         return means
     # smoothing elements (E, g) for every row but the last, from its own dynamics
@@ -213,8 +236,13 @@ def _kalman(
         e1, g1 = earlier
         return alg.mm(e1, e2), alg.mv(e1, g2) + g1
 
+    def backward_step(later, earlier):
+        # `compose` where `later` runs to the last row, whose E is zero: so is the
+        # product, and what is left is the classic smoother's backward step
+        return later[0], alg.mv(earlier[0], later[1]) + earlier[1]
+
     # from the last element back: a reverse scan, whose "earlier" is the later step
-    _, smoothed = scan(compose, (e, g), True)
+    _, smoothed = scan(backward_step if from_start else compose, (e, g), True)
     return smoothed
 
 

@@ -52,9 +52,10 @@ class Newton(AbstractShootingSolver):
         states cross devices once per iteration. See `pscan.sharded_recurrence`.
     - `precision`: the precision of the cell's float32 matrix products while it
         solves (a value of `jax.default_matmul_precision`), `"highest"` by default:
-        Newton's convergence needs accurate Jacobians, and on a TPU (or a GPU with
-        TF32) the default products are rounded to about three digits (DEER took 493
-        iterations instead of 74 on a mildly chaotic cell at T = 500 on a TPU v5e;
+        the chunk ends decide the fixed point, and on a TPU (or a GPU with TF32)
+        the default products are rounded to about three digits (the whole solve at
+        the default: DEER took 493 iterations instead of 74 on a mildly chaotic cell
+        at T = 500 on a TPU v5e, its states 4.6e-3 from the loop's;
         on a contractive GRU full precision cost 1.7x the time, 1.05x with the
         Jacobians at `jacobian_precision`: see the benchmarks page). None: the
         caller's precision. No effect on CPU.
@@ -65,7 +66,7 @@ class Newton(AbstractShootingSolver):
         (on a TPU v5e: the same iterations as at `"highest"` on a mildly chaotic
         cell, `Newton(chunk_size=128)` 1.5x faster on a GRU). None, or the same as
         `precision`: one pass at `precision` for both. The gradient's Jacobians are
-        always at `precision`. No effect on CPU (one pass).
+        always at `precision`. No effect on CPU (one pass); not measured on a GPU.
     """
 
     chunk_size: int = eqx.field(static=True, default=1, converter=as_python)

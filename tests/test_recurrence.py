@@ -957,3 +957,25 @@ def test_jacobians_at_their_own_precision(kind, solver, monkeypatch):
     grad = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)
     for g, ref in zip(grad(w, xs, solver), grad(w, xs, sequential)):
         assert_allclose(g, ref, jnp.float32)
+
+
+@pytest.mark.parametrize("kind", ["module", "function"])
+def test_jacobians_at_their_own_precision_with_segments(kind, monkeypatch):
+    # the separate Jacobian pass runs through the masked step of packed and padded
+    # series too (the function cell's Jacobian copy inside it): the loop's states
+    monkeypatch.setattr(pscan._precision, "_products_exact", lambda: False)
+    key = jax.random.PRNGKey(5)
+    gru = eqx.nn.GRUCell(1, 3, key=key)
+    w = 0.5 * jax.random.normal(key, (3, 3))
+    cell = gru if kind == "module" else (lambda x, h: jnp.tanh(w @ h + x[0]))
+    xs, h0 = jax.random.normal(key, (19, 1)), jnp.zeros(3)
+    resets = jnp.zeros(19, bool).at[jnp.array([5, 6, 13])].set(True)
+    run = lambda solver: (
+        pscan.recurrence(cell, xs, h0, solver=solver, resets=resets, length=17).hs
+    )
+    solver = pscan.Newton(chunk_size=4)
+    assert set(dot_precisions(lambda xs: run(solver), xs)) == {
+        (jax.lax.Precision.HIGHEST,) * 2,
+        (jax.lax.Precision.DEFAULT,) * 2,
+    }
+    assert_allclose(run(solver), run(pscan.Sequential()), jnp.float32)

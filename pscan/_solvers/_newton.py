@@ -64,8 +64,8 @@ class Newton(AbstractShootingSolver):
         an approximate Jacobian: the chunk ends (the residuals, which decide the
         fixed point) run apart at `precision`, the Jacobians at the faster default
         (on a TPU v5e: the same iterations as at `"highest"` on a mildly chaotic
-        cell, `Newton(chunk_size=128)` 1.5x faster on a GRU). None, or the same as
-        `precision`: one pass at `precision` for both. The gradient's Jacobians are
+        cell, `Newton(chunk_size=128)` 1.5x faster on a GRU). None, the same as
+        `precision`, or `precision=None`: one pass at `precision` for both. The gradient's Jacobians are
         always at `precision`. No effect on CPU (one pass); not measured on a GPU.
     """
 

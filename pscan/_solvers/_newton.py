@@ -55,18 +55,19 @@ class Newton(AbstractShootingSolver):
         the chunk ends decide the fixed point, and on a TPU (or a GPU with TF32)
         the default products are rounded to about three digits (the whole solve at
         the default: DEER took 493 iterations instead of 74 on a mildly chaotic cell
-        at T = 500 on a TPU v5e, its states 4.6e-3 from the loop's;
-        on a contractive GRU full precision cost 1.7x the time, 1.05x with the
-        Jacobians at `jacobian_precision`: see the benchmarks page). None: the
-        caller's precision. No effect on CPU.
+        at T = 500 on a TPU v5e, its states 4.6e-3 from the loop's; on a
+        contractive GRU full precision cost 1.7x the time, 1.05x with the Jacobians
+        at `jacobian_precision`: see the benchmarks page). None: the caller's
+        precision. No effect on CPU.
     - `jacobian_precision`: the precision of the cell's products in the forward-mode
         pass that builds the Jacobians, `"default"` by default. The step needs only
         an approximate Jacobian: the chunk ends (the residuals, which decide the
         fixed point) run apart at `precision`, the Jacobians at the faster default
         (on a TPU v5e: the same iterations as at `"highest"` on a mildly chaotic
         cell, `Newton(chunk_size=128)` 1.5x faster on a GRU). None, the same as
-        `precision`, or `precision=None`: one pass at `precision` for both. The gradient's Jacobians are
-        always at `precision`. No effect on CPU (one pass); not measured on a GPU.
+        `precision`, or `precision=None`: one pass at `precision` for both. The
+        gradient's Jacobians are always at `precision`. No effect on CPU (one
+        pass); not measured on a GPU.
     """
 
     chunk_size: int = eqx.field(static=True, default=1, converter=as_python)

@@ -12,6 +12,7 @@ from .helpers import (
     assert_allclose,
     dot_precisions,
     make_linear_problem,
+    random_cotangent,
     reference_linear,
 )
 
@@ -27,11 +28,7 @@ def tpu(monkeypatch):
 
 
 def _draw(seed, shape, dtype):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=shape)
-    if np.issubdtype(dtype, np.complexfloating):
-        x = x + 1j * rng.normal(size=shape)
-    return jnp.asarray(x, dtype)
+    return random_cotangent(seed, jnp.zeros(shape, dtype))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.complex64, jnp.bfloat16])

@@ -523,10 +523,7 @@ def _fastest_compile(fn, args, repeats, device=None):
     topology), the arrays given as shapes placed there."""
     arrays, rest = eqx.partition(args, eqx.is_array)
     if device is not None:
-        place = jax.sharding.SingleDeviceSharding(device)
-        arrays = jax.tree_util.tree_map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=place), arrays
-        )
+        arrays = jax.tree_util.tree_map(lambda x: _placed(x, device), arrays)
     best = float("inf")
     for _ in range(repeats):
         jax.clear_caches()
@@ -534,6 +531,12 @@ def _fastest_compile(fn, args, repeats, device=None):
         jax.jit(lambda a: fn(*eqx.combine(a, rest))).trace(arrays).lower().compile()
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def _placed(x, device):
+    """The shape and dtype of `x`, placed on `device` (to compile for it)."""
+    place = jax.sharding.SingleDeviceSharding(device)
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=place)
 
 
 def _aot_device(topology):
@@ -545,8 +548,7 @@ def _aot_device(topology):
     device = topologies.get_topology_desc(topology, "tpu").devices[0]
     jax.default_backend = lambda: "tpu"
     # the compiler's one-time start-up, outside the timings
-    place = jax.sharding.SingleDeviceSharding(device)
-    one = jax.ShapeDtypeStruct((8,), jnp.float32, sharding=place)
+    one = _placed(jnp.zeros(8, jnp.float32), device)
     jax.jit(lambda x: x + 1).trace(one).lower().compile()
     return device
 
@@ -650,13 +652,12 @@ def precision(args):
     header = [f"GRU 1 -> 32, T = {args.gru_length}", "Jacobians", "max error"]
     header += ["fwd (ms)", "fwd compile (s)", "grad (ms)", "grad compile (s)"]
     print_table(header, [])
-    for label, solver in {
+    gru = {
         f"Newton(chunk_size={args.chunk})": pscan.Newton(chunk_size=args.chunk, **tol),
         f"ELK(chunk_size={args.chunk})": pscan.ELK(chunk_size=args.chunk, **tol),
         "Newton() = DEER": pscan.Newton(**tol),
-    }.items():
-        if any(k and k in label for k in args.skip.split(",")):
-            continue
+    }
+    for label, solver in _without(gru, args.skip).items():
         programs = {}
         for jp in variants:
             s = dataclasses.replace(solver, jacobian_precision=jp)

@@ -952,6 +952,11 @@ def test_jacobians_at_their_own_precision(kind, solver, monkeypatch):
     assert precisions == {full, default}
     one_pass = dataclasses.replace(solver, jacobian_precision=None)
     assert set(dot_precisions(lambda w, xs: states(w, xs, one_pass), w, xs)) == {full}
+    # the derivatives: exact Jacobians (which solve the boundary recurrence at once)
+    # at `precision`, a diagonal preconditioner at the Jacobians' own
+    hs, pull = jax.vjp(states, w, xs)
+    exact = solver.linearisation().exact
+    assert set(dot_precisions(pull, hs)) == ({full} if exact else {full, default})
     sequential = pscan.Sequential()
     assert_allclose(states(w, xs), states(w, xs, sequential), jnp.float32)
     grad = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)

@@ -296,14 +296,28 @@ def _tangent(inputs, static, solver, starts, t):
 
         return jax.jvp(end, (inputs.params, s, floating_k), (t.params, m, t_k))[1]
 
-    structure = solver.linearisation()
-    jac = None if structure is None else chunks.linearise(structure, starts)
+    jac = _boundary_jacobians(solver, chunks, starts)
     per_chunk = (starts, floating, rest, t_floating)
     t_ends = boundary_solve(solver, jac, push, push_one, per_chunk, t.h0)
     s_dot = shift_forward(t_ends, t.h0, solver.axis_name)
     runs = lambda *a: _runs(inputs, static, rest)(*a)[0]
     hs_dot = jax.jvp(runs, primal, (t.params, s_dot, t_floating))[1]
     return from_chunks(hs_dot, problem.length)
+
+
+def _boundary_jacobians(solver, chunks, starts):
+    """The chunk Jacobians of the derivatives' boundary recurrence (None without a
+    structure). Exact ones solve it at once: at the solver's `precision`, as the
+    exact transposes are what make the derivative exact. Approximate ones only
+    precondition an iteration of exact products (as the forward step, its answer
+    is the products' fixed point): at the solver's Jacobian precision (on a TPU v5e,
+    `Newton(chunk_size=128, jacobian="diagonal")`'s gradient 1.17x faster, the
+    gradient the same; docs/benchmarks.md)."""
+    structure = solver.linearisation()
+    if structure is None:
+        return None
+    precision = None if structure.exact else solver.jacobian_matrix_precision()
+    return chunks.linearise(structure, starts, precision)
 
 
 @jax.custom_jvp
@@ -361,9 +375,8 @@ def _cotangent(inputs, static, solver, starts, states, ct_hs):
         else:
             pull = _pull_at_states(inputs, static, primal, rest, states, ct_chunks)
         if mu is None:
-            jac = None
-            if structure is not None:
-                jac = chunks.linearise(structure, starts).transpose()
+            jac = _boundary_jacobians(solver, chunks, starts)
+            jac = None if jac is None else jac.transpose()
             # the products' cotangents of the parameters and inputs come along
             split = lambda ct: (ct[1], (ct[0], ct[2]))
             more = lambda m: split(pull(m))

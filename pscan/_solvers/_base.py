@@ -213,8 +213,10 @@ class AbstractSolver(eqx.Module):
 
     def jacobian_matrix_precision(self) -> str | None:
         """The precision at which the cell's Jacobians are traced in the forward
-        iteration, apart from its residuals (`matrix_precision`), if it differs.
-        `pscan.recurrence` then closure-converts a function cell at both.
+        iteration, apart from its residuals (`matrix_precision`), if it differs; and
+        the approximate (not `exact`) Jacobians that precondition the derivatives'
+        boundary iterations. `pscan.recurrence` then closure-converts a function
+        cell at both.
 
         **Returns:**
 

@@ -92,11 +92,15 @@ class Chunks(eqx.Module):
         return shift_backward(starts, self.axis_name)
 
     def linearise(
-        self, structure: type[AbstractJacobian], starts: Array
+        self,
+        structure: type[AbstractJacobian],
+        starts: Array,
+        precision: str | None = None,
     ) -> AbstractJacobian:
         """Linearises the leading chunks, as many as `starts` has rows (all K, or
         fewer: a solver that never uses the last chunk's Jacobian passes
-        `starts[:-1]`), each at its start.
+        `starts[:-1]`), each at its start; with a `precision`, the cell's products
+        at it (`pscan._precision.linearising`).
 
         **Returns:**
 
@@ -104,6 +108,9 @@ class Chunks(eqx.Module):
         (`pscan.DenseJacobian`, `pscan.DiagonalJacobian`).
         """
         xs = jax.tree_util.tree_map(lambda x: x[: starts.shape[0]], self.xs)
+        if precision is not None:
+            with linearising(precision):
+                return structure.linearise(self.end, starts, xs)
         return structure.linearise(self.end, starts, xs)
 
     def ends_and_linearise(
@@ -122,9 +129,7 @@ class Chunks(eqx.Module):
         `(ends, operator)`: `F_k(starts[k])`, `(K, d)`, and the K chunk Jacobians.
         """
         if precision is not None:
-            ends = self.ends(starts)
-            with linearising(precision):
-                return ends, self.linearise(structure, starts)
+            return self.ends(starts), self.linearise(structure, starts, precision)
         jac, ends = structure.linearise(self.end, starts, self.xs, value=True)
         return ends, jac
 

@@ -66,9 +66,10 @@ class Newton(AbstractShootingSolver):
         (on a TPU v5e: the same iterations as at `"highest"` on a mildly chaotic
         cell, `Newton(chunk_size=128)` 1.5x faster on a GRU). None, the same as
         `precision`, or `precision=None`: one pass at `precision` for both. The
-        gradient's Jacobians are always at `precision` (exact transposes are what
-        make it the gradient: at `"high"` a chaotic cell's was 25-600x further from
-        the loop's). No effect on CPU (one pass); not measured on a GPU.
+        derivatives' dense Jacobians are always at `precision` (exact transposes
+        are what make it the gradient: at `"high"` a chaotic cell's was 25-600x
+        further from the loop's); their diagonal preconditioner is at
+        `jacobian_precision`. No effect on CPU (one pass); not measured on a GPU.
     """
 
     chunk_size: int = eqx.field(static=True, default=1, converter=as_python)

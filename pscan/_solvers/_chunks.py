@@ -1,5 +1,7 @@
 """`Chunks`: a recurrence as a shooting solver sees it, K chunks of exact runs."""
 
+from contextlib import nullcontext
+
 import equinox as eqx
 import jax
 from jaxtyping import Array, PyTree
@@ -108,10 +110,9 @@ class Chunks(eqx.Module):
         (`pscan.DenseJacobian`, `pscan.DiagonalJacobian`).
         """
         xs = jax.tree_util.tree_map(lambda x: x[: starts.shape[0]], self.xs)
-        if precision is not None:
-            with linearising(precision):
-                return structure.linearise(self.end, starts, xs)
-        return structure.linearise(self.end, starts, xs)
+        context = nullcontext() if precision is None else linearising(precision)
+        with context:
+            return structure.linearise(self.end, starts, xs)
 
     def ends_and_linearise(
         self,

@@ -95,9 +95,10 @@ def gru_table(args):
     """Chunked Newton and Picard against `Sequential` (a plain `lax.scan`), as users
     run them (`throw=True`, Newton at its default `precision="highest"`), and without
     the run-time check (`throw=False`: on a TPU it cost ~2.3 ms a call) or at the
-    backend's default matrix precision (`precision=None`); and DEER and quasi-DEER,
-    whose Jacobians are built in groups of columns (on a TPU their loops were most of
-    their iterations)."""
+    backend's default matrix precision (`precision=None`); chunked Newton with a
+    diagonal Jacobian (its gradient's preconditioner at the default precision); and
+    DEER and quasi-DEER, whose Jacobians are built in groups of columns (on a TPU
+    their loops were most of their iterations)."""
     cell, xs, h0 = gru_problem(args.gru_length, args.hidden)
     every = gru_solvers(chunk=args.chunk)
     newton, picard = (
@@ -108,6 +109,7 @@ def gru_table(args):
         "Sequential": (every["Sequential"], True),
         newton: (every[newton], True),
         picard: (every[picard], True),
+        f"{newton[:-1]}, diagonal)": (every[f"{newton[:-1]}, diagonal)"], True),
         f"{newton}, throw=False": (every[newton], False),
         f"{picard}, throw=False": (every[picard], False),
         f"{newton[:-1]}, precision=None)": (

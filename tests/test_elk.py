@@ -245,10 +245,13 @@ def test_gauss_jordan_solves_like_lu():
     assert_allclose(_elk._gauss_jordan(mc, bc), jnp.linalg.solve(mc, bc))
 
 
-def test_spd_solve_solves_like_lu():
-    """The smoother's gains, `(F P F^T + I)^{-1} F P`, by Cholesky: against LU (float64,
-    batches of blocks), in bfloat16 (factorised in float32), and complex blocks, which
-    are not Hermitian there and go to LU."""
+@pytest.mark.parametrize("backend", ["cpu", "tpu"])
+def test_spd_solve_solves_like_lu(backend, monkeypatch):
+    """The smoother's gains, `(F P F^T + I)^{-1} F P`, by Cholesky (on a TPU, by
+    elimination): against LU (float64, batches of blocks), in bfloat16 (factorised in
+    float32, by either), and complex blocks, which are not Hermitian there and go to
+    LU."""
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
     keys = jax.random.split(jax.random.PRNGKey(6), 4)
     f = jax.random.normal(keys[0], (3, 2, 6, 6), jnp.float64)
     p = jax.random.normal(keys[1], (3, 2, 6, 6), jnp.float64)

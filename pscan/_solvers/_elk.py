@@ -320,7 +320,7 @@ class ELK(AbstractShootingSolver):
 
     On the tables' AR-GRUs (`python asv_bench/tables.py chaos`, T = 2000, float32)
     ELK needs 9 iterations where DEER needs 249 on a milder cell, and about as many
-    as DEER on two strongly chaotic ones (over five drives, 1453 vs 1536 and 574 vs
+    as DEER on two strongly chaotic ones (over five drives, 1439 vs 1536 and 573 vs
     571 on average); quasi-ELK 202 and 1351 where quasi-DEER needs 1974 and 1961; no
     iterate of either reaches the float bound. The gradient is implicit and exact
     (the fixed point is the sequential answer).
@@ -328,7 +328,7 @@ class ELK(AbstractShootingSolver):
     An iteration costs more than Newton's: two candidate sweeps, the states' check
     (one more sweep at `chunk_size=1`, one step per chunk otherwise), and a Kalman
     filter besides Newton's linear solve (with `d x d` solves in every combine when
-    dense: at `chunk_size=1` 20-27x DEER's time per iteration on CPU, 2-3x on a TPU
+    dense: at `chunk_size=1` 7-17x DEER's time per iteration on CPU, 2-3x on a TPU
     v5e, where quasi-ELK's costs about quasi-DEER's).
 
     **Arguments:**

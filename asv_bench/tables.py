@@ -330,7 +330,7 @@ def seed(args):
 def packed(args):
     """A batch of series of different lengths three ways (`scenarios.packed_programs`),
     for an exact and a parallel solver: time, XLA temp and iterations, each way
-    against the packed one; and the iterations on the same steps without resets."""
+    against the packed one; and the same steps without resets (what resets cost)."""
     cell, xs, h0, lengths = packed_problem(args.length, args.count, args.hidden)
     tol = dict(rtol=args.tol, atol=args.tol)
     candidates = {
@@ -339,7 +339,8 @@ def packed(args):
     }
     print(
         f"# GRU 1 -> {args.hidden}, {args.count} series of {min(lengths)} to "
-        f"{max(lengths)} steps, {sum(lengths)} in all, float32, tol {args.tol}, jax "
+        f"{max(lengths)} steps, {sum(lengths)} in all, float32, tol {args.tol}, "
+        f"throw=True (the default), jax "
         f"{jax.__version__}, backend {jax.default_backend()}, median of "
         f"{args.repeats} interleaved runs"
     )
@@ -359,6 +360,15 @@ def packed(args):
             err = float(jnp.max(jnp.abs(sol.hs - reference)))
             solved[way] = (int(sol.stats["num_iterations"]), err)
             programs[way, "fwd"], programs[way, "grad"] = p["fwd"], p["grad"]
+        # what the resets cost: the same steps as one series (another answer, so no
+        # error column), timed with the three ways
+        plain = "same steps, no resets"
+        whole = _as_one_series(solver, h0)
+        solved[plain] = (
+            int(jax.jit(whole["solve"])(cell, xs).stats["num_iterations"]),
+            None,
+        )
+        programs[plain, "fwd"], programs[plain, "grad"] = whole["fwd"], whole["grad"]
         compiled = compile_all(programs, cell, xs)
         med = interleaved_medians(compiled, cell, xs, repeats=args.repeats)
         first = next(iter(ways))
@@ -370,7 +380,7 @@ def packed(args):
                     name,
                     way,
                     iters,
-                    f"{err:.1e}",
+                    "" if err is None else f"{err:.1e}",
                     f"{f * 1e3:.0f}",
                     f"{f / med[first, 'fwd']:.2f}x",
                     f"{g * 1e3:.0f}",
@@ -380,12 +390,18 @@ def packed(args):
                     f"{temp[way, 'grad'] / temp[first, 'grad']:.2f}x",
                 ]
             )
-        if isinstance(solver, pscan.Newton):
-            whole = pscan.recurrence(cell, xs, h0, solver=solver, throw=False)
-            table_row(
-                [name, "same steps, no resets", int(whole.stats["num_iterations"])]
-                + [""] * (len(header) - 3)
-            )
+
+
+def _as_one_series(solver, h0):
+    """`{"fwd", "grad", "solve"}` as `scenarios.packed_programs` has them, for the
+    packed steps run as one series (no resets)."""
+    solve = lambda c, xs: pscan.recurrence(c, xs, h0, solver=solver)
+    grad = eqx.filter_grad(lambda c, xs: jnp.sum(solve(c, xs).hs))
+    return {
+        "fwd": lambda c, xs: solve(c, xs).hs,
+        "grad": lambda c, xs: grad(c, xs),
+        "solve": solve,
+    }
 
 
 def _solve_from(solver, h0, warm):

@@ -311,20 +311,22 @@ def packed_problem(total=2**19, count=16, hidden=32, shortest=1000, seed=0):
     return cell, xs, jnp.zeros(hidden), [int(n) for n in sizes]
 
 
-def packed_programs(solver, h0, lengths):
+def packed_programs(solver, h0, lengths, throw=True):
     """Three ways to run a batch of series of different `lengths` (packed end to end
     in `xs`), each `{"fwd": hs, "grad": d sum(hs) / d cell, "solve": Solution}`:
 
     - `packed`: one call with `resets` at the series' starts;
     - `one by one`: one call per series, in one program;
     - `padded`: the series right-padded to the longest, `jax.vmap` with `length`.
+
+    Every call with `throw` (`pscan.recurrence`'s default: what users run).
     """
     starts = np.cumsum([0, *lengths[:-1]])
     resets = np.zeros(sum(lengths), bool)
     resets[starts] = True
     longest = max(lengths)
     solve = lambda c, xs, **kw: pscan.recurrence(
-        c, xs, h0, solver=solver, throw=False, **kw
+        c, xs, h0, solver=solver, throw=throw, **kw
     )
 
     def one_by_one(c, xs):

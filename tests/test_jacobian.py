@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import pytest
 
 import pscan
-from pscan._solvers._jacobian import _dense, _diagonal
+from pscan._solvers import _jacobian as jacobian_module
+from pscan._solvers._jacobian import _chunk_groups, _dense, _diagonal
 
 from .helpers import assert_allclose
 
@@ -96,6 +97,45 @@ def test_operators(chunk, backend, monkeypatch):
     assert_allclose(grad, 2 * starts)
     assert_allclose(values, ends)
     assert_allclose(extra, jnp.sum(starts**2, axis=-1))
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_groups_of_chunks(backend, monkeypatch):
+    """On CPU the forward-mode pass runs the chunks in groups whose tangents take
+    about `_GROUP_BYTES` (all K chunks' outgrow the cache): the same operators and
+    values as all chunks at once (to rounding: a group's products are batched
+    differently), the last group overlapping the one before when the group size does
+    not divide K; elsewhere, and for one-step chunks, all at once."""
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    k, d = 7, 5
+    starts = jax.random.normal(jax.random.PRNGKey(1), (k, d))
+    xs = jax.random.normal(jax.random.PRNGKey(2), (k, 8, d))
+    big = jnp.zeros((512, 32), jnp.float32)
+    assert _chunk_groups(big, jnp.zeros((512, 128)), 16) == (
+        64 if backend == "cpu" else 1
+    )
+    assert _chunk_groups(big, jnp.zeros((512, 1)), 16) == 1  # one-step chunks
+    end = lambda s, x: f(s, jnp.sum(x, axis=0))
+    pair = lambda s, x: (end(s, x), jnp.sum(s**2))
+
+    def build():
+        return [
+            pscan.DenseJacobian.linearise(end, starts, xs, value=True),
+            pscan.DenseJacobian.linearise(
+                pair, starts, xs, transposed=True, value=True
+            ),
+            pscan.DiagonalJacobian.linearise(end, starts, xs, value=True),
+        ]
+
+    at_once = build()
+    per_chunk = 5 * d * starts.dtype.itemsize  # 5 dense tangents, 1 diagonal one
+    monkeypatch.setattr(jacobian_module, "_GROUP_BYTES", 3 * per_chunk)
+    assert _chunk_groups(starts, xs, 5) == (3 if backend == "cpu" else 1)
+    grouped = build()
+    leaves = jax.tree_util.tree_leaves
+    assert len(leaves(at_once)) == len(leaves(grouped)) == 8
+    for want, got in zip(leaves(at_once), leaves(grouped)):
+        assert_allclose(got, want)
 
 
 def test_one_step_chunks_in_groups_without_a_copy():

@@ -8,7 +8,7 @@ import pytest
 
 import pscan
 from pscan._solvers import _jacobian as jacobian_module
-from pscan._solvers._jacobian import _chunk_groups, _dense, _diagonal
+from pscan._solvers._jacobian import _chunk_groups, _dense, _diagonal, _stacked
 
 from .helpers import assert_allclose
 
@@ -19,33 +19,37 @@ def f(s, x=0.0):
     return jnp.tanh(W @ s + x) * s[::-1]
 
 
-@pytest.mark.parametrize("stacked", [False, True], ids=["in place", "stacked"])
+@pytest.mark.parametrize("rows", [1, 2])
 @pytest.mark.parametrize("width", [1, 2, 3, 5, 8])
-def test_jacobians_in_groups_of_columns(width, stacked):
-    """By groups of forward-mode products (the last group overlapping the one before
-    when `width` does not divide `d = 5`): the diagonal and the dense matrix (and its
-    transpose, and a pytree output's) equal `jax.jacfwd`'s; `f`'s value comes along.
-    The dense groups either written in place or stacked and joined (one-step chunks
-    on a TPU), which agree bit for bit, vectorised over chunks too."""
-    if stacked:  # against in place (once per width)
-        starts = jax.random.normal(jax.random.PRNGKey(1), (3, 5))
+def test_jacobians_in_groups_of_columns(width, rows):
+    """By groups of forward-mode products, the last group overlapping the one before
+    when `width` does not divide `d = 5` (and the K = 3 chunks in `rows` groups, the
+    last overlapping the one before when 2 does not divide 3): the diagonals and the
+    dense matrices (their transposes, and a pytree output's) equal `jax.jacfwd`'s;
+    the values of `f` come along. A chunk's dense groups stacked and joined instead
+    (one-step chunks on a TPU) agree with in place bit for bit."""
+    starts = jax.random.normal(jax.random.PRNGKey(1), (3, 5))
+    xs = jax.random.normal(jax.random.PRNGKey(2), (3, 5))
+    jacs = jax.vmap(jax.jacfwd(f))(starts, xs)
+    values = jax.vmap(f)(starts, xs)
+    diagonal, value = _diagonal(f, starts, xs, width, rows)
+    assert_allclose(diagonal, jnp.diagonal(jacs, axis1=1, axis2=2))
+    assert_allclose(value, values)
+    dense, value = _dense(f, starts, xs, False, width, rows)
+    assert_allclose(dense, jacs)
+    assert_allclose(value, values)
+    pair = lambda s, x: (f(s, x), jnp.sum(f(s, x) ** 2))
+    (dense_t, grad), (value, extra) = _dense(pair, starts, xs, True, width, rows)
+    assert_allclose(dense_t, jnp.swapaxes(jacs, 1, 2))
+    assert_allclose(grad, jax.vmap(jax.grad(lambda s, x: pair(s, x)[1]))(starts, xs))
+    assert_allclose(extra, jnp.sum(values**2, axis=-1))
+    if rows == 1:  # stacked against in place
         for transposed in (False, True):
-            build = lambda s, way: _dense(f, s, transposed, least=width, stacked=way)
-            ways = [jax.vmap(lambda s: build(s, way))(starts) for way in (False, True)]
-            assert all(map(jnp.array_equal, *ways))
-    s = jnp.linspace(-1.0, 1.0, 5)
-    jac = jax.jacfwd(f)(s)
-    diagonal, value = _diagonal(f, s, width)
-    assert_allclose(diagonal, jnp.diag(jac))
-    assert_allclose(value, f(s))
-    dense, value = _dense(f, s, False, least=width, stacked=stacked)
-    assert_allclose(dense, jac)
-    assert_allclose(value, f(s))
-    pair = lambda s: (f(s), jnp.sum(f(s) ** 2))
-    (dense_t, grad), (value, extra) = _dense(pair, s, True, 8, width, stacked)
-    assert_allclose(dense_t, jac.T)
-    assert_allclose(grad, jax.grad(lambda s: pair(s)[1])(s))
-    assert_allclose(extra, pair(s)[1])
+            axis = 0 if transposed else -1
+            one = lambda s, x: _stacked(lambda s: f(s, x), s, width, axis)
+            stacked = jax.vmap(one)(starts, xs)
+            in_place = _dense(f, starts, xs, transposed, width)
+            assert all(map(jnp.array_equal, stacked, in_place))
 
 
 @pytest.mark.parametrize("backend", ["cpu", "tpu"])

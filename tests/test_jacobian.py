@@ -7,8 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 import pscan
-from pscan._solvers import _jacobian as jacobian_module
-from pscan._solvers._jacobian import _chunk_groups, _dense, _diagonal, _stacked
+from pscan._solvers._jacobian import _dense, _diagonal
 
 from .helpers import assert_allclose
 
@@ -19,37 +18,33 @@ def f(s, x=0.0):
     return jnp.tanh(W @ s + x) * s[::-1]
 
 
-@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("stacked", [False, True], ids=["in place", "stacked"])
 @pytest.mark.parametrize("width", [1, 2, 3, 5, 8])
-def test_jacobians_in_groups_of_columns(width, rows):
-    """By groups of forward-mode products, the last group overlapping the one before
-    when `width` does not divide `d = 5` (and the K = 3 chunks in `rows` groups, the
-    last overlapping the one before when 2 does not divide 3): the diagonals and the
-    dense matrices (their transposes, and a pytree output's) equal `jax.jacfwd`'s;
-    the values of `f` come along. A chunk's dense groups stacked and joined instead
-    (one-step chunks on a TPU) agree with in place bit for bit."""
-    starts = jax.random.normal(jax.random.PRNGKey(1), (3, 5))
-    xs = jax.random.normal(jax.random.PRNGKey(2), (3, 5))
-    jacs = jax.vmap(jax.jacfwd(f))(starts, xs)
-    values = jax.vmap(f)(starts, xs)
-    diagonal, value = _diagonal(f, starts, xs, width, rows)
-    assert_allclose(diagonal, jnp.diagonal(jacs, axis1=1, axis2=2))
-    assert_allclose(value, values)
-    dense, value = _dense(f, starts, xs, False, width, rows)
-    assert_allclose(dense, jacs)
-    assert_allclose(value, values)
-    pair = lambda s, x: (f(s, x), jnp.sum(f(s, x) ** 2))
-    (dense_t, grad), (value, extra) = _dense(pair, starts, xs, True, width, rows)
-    assert_allclose(dense_t, jnp.swapaxes(jacs, 1, 2))
-    assert_allclose(grad, jax.vmap(jax.grad(lambda s, x: pair(s, x)[1]))(starts, xs))
-    assert_allclose(extra, jnp.sum(values**2, axis=-1))
-    if rows == 1:  # stacked against in place
+def test_jacobians_in_groups_of_columns(width, stacked):
+    """By groups of forward-mode products (the last group overlapping the one before
+    when `width` does not divide `d = 5`): the diagonal and the dense matrix (and its
+    transpose, and a pytree output's) equal `jax.jacfwd`'s; `f`'s value comes along.
+    The dense groups either written in place or stacked and joined (one-step chunks
+    on a TPU), which agree bit for bit, vectorised over chunks too."""
+    if stacked:  # against in place (once per width)
+        starts = jax.random.normal(jax.random.PRNGKey(1), (3, 5))
         for transposed in (False, True):
-            axis = 0 if transposed else -1
-            one = lambda s, x: _stacked(lambda s: f(s, x), s, width, axis)
-            stacked = jax.vmap(one)(starts, xs)
-            in_place = _dense(f, starts, xs, transposed, width)
-            assert all(map(jnp.array_equal, stacked, in_place))
+            build = lambda s, way: _dense(f, s, transposed, least=width, stacked=way)
+            ways = [jax.vmap(lambda s: build(s, way))(starts) for way in (False, True)]
+            assert all(map(jnp.array_equal, *ways))
+    s = jnp.linspace(-1.0, 1.0, 5)
+    jac = jax.jacfwd(f)(s)
+    diagonal, value = _diagonal(f, s, width)
+    assert_allclose(diagonal, jnp.diag(jac))
+    assert_allclose(value, f(s))
+    dense, value = _dense(f, s, False, least=width, stacked=stacked)
+    assert_allclose(dense, jac)
+    assert_allclose(value, f(s))
+    pair = lambda s: (f(s), jnp.sum(f(s) ** 2))
+    (dense_t, grad), (value, extra) = _dense(pair, s, True, 8, width, stacked)
+    assert_allclose(dense_t, jac.T)
+    assert_allclose(grad, jax.grad(lambda s: pair(s)[1])(s))
+    assert_allclose(extra, pair(s)[1])
 
 
 @pytest.mark.parametrize("backend", ["cpu", "tpu"])
@@ -101,45 +96,6 @@ def test_operators(chunk, backend, monkeypatch):
     assert_allclose(grad, 2 * starts)
     assert_allclose(values, ends)
     assert_allclose(extra, jnp.sum(starts**2, axis=-1))
-
-
-@pytest.mark.parametrize("backend", ["cpu", "gpu"])
-def test_groups_of_chunks(backend, monkeypatch):
-    """On CPU the forward-mode pass runs the chunks in groups whose tangents take
-    about `_GROUP_BYTES` (all K chunks' outgrow the cache): the same operators and
-    values as all chunks at once (to rounding: a group's products are batched
-    differently), the last group overlapping the one before when the group size does
-    not divide K; elsewhere, and for one-step chunks, all at once."""
-    monkeypatch.setattr(jax, "default_backend", lambda: backend)
-    k, d = 7, 5
-    starts = jax.random.normal(jax.random.PRNGKey(1), (k, d))
-    xs = jax.random.normal(jax.random.PRNGKey(2), (k, 8, d))
-    big = jnp.zeros((512, 32), jnp.float32)
-    assert _chunk_groups(big, jnp.zeros((512, 128)), 16) == (
-        64 if backend == "cpu" else 1
-    )
-    assert _chunk_groups(big, jnp.zeros((512, 1)), 16) == 1  # one-step chunks
-    end = lambda s, x: f(s, jnp.sum(x, axis=0))
-    pair = lambda s, x: (end(s, x), jnp.sum(s**2))
-
-    def build():
-        return [
-            pscan.DenseJacobian.linearise(end, starts, xs, value=True),
-            pscan.DenseJacobian.linearise(
-                pair, starts, xs, transposed=True, value=True
-            ),
-            pscan.DiagonalJacobian.linearise(end, starts, xs, value=True),
-        ]
-
-    at_once = build()
-    per_chunk = 5 * d * starts.dtype.itemsize  # 5 dense tangents, 1 diagonal one
-    monkeypatch.setattr(jacobian_module, "_GROUP_BYTES", 3 * per_chunk)
-    assert _chunk_groups(starts, xs, 5) == (3 if backend == "cpu" else 1)
-    grouped = build()
-    leaves = jax.tree_util.tree_leaves
-    assert len(leaves(at_once)) == len(leaves(grouped)) == 8
-    for want, got in zip(leaves(at_once), leaves(grouped)):
-        assert_allclose(got, want)
 
 
 def test_one_step_chunks_in_groups_without_a_copy():

@@ -20,7 +20,7 @@ import jax.lax as lax
 import jax.numpy as jnp
 from jaxtyping import Array, PyTree
 
-from .._chunking import chunk_length, group_start
+from .._chunking import chunk_length, group_start, map_in_groups
 from .._finite import finite_along
 
 
@@ -133,53 +133,32 @@ def _unit_products(f, s, width: int, out_axes):
     return group
 
 
-def _in_groups(f, starts, xs, width: int, init, write, out_axes, rows: int):
-    """Forward-mode products of every chunk's `f(s, x)` (at `starts[k]`, inputs
-    `xs[k]`) with the unit vectors, `width` of them at once (vectorised), and the
-    chunks in `rows` groups: one loop over every (group of chunks, group of columns)
-    pair, the chunks of a group vectorised. Running `f` once per group of columns,
-    `ceil(d / width)` times, with `width` tangents in flight per chunk. (One loop
-    level, as with all chunks at once: a loop over groups of chunks around the
-    columns' loop compiled 0.15-0.7 s slower on CPU.) `write(acc, row, start,
-    columns)` folds a group's products (`(size, ...)`, each chunk's columns stacked on
-    its `out_axes`) into `acc` at rows `row, ..., row + size - 1` from `init(shapes)`
-    (`shapes` those of the K outputs); the last group of rows (of columns) overlaps
-    the one before when its size does not divide K (d). Returns `(acc, values)`: the
-    values of `f` come with the products."""
-    k, d = starts.shape
-    size = -(-k // max(1, rows))
-    columns = -(-d // width)
-    products = jax.vmap(
-        lambda s, x, start: _unit_products(lambda s: f(s, x), s, width, out_axes)(
-            start
-        ),
-        in_axes=(0, 0, None),
-    )
+def _in_groups(f, s, width: int, init, write, out_axes=0):
+    """Forward-mode products of `f` at `s` with the unit vectors, `width` of them at
+    once (vectorised), one group after another: `write(acc, start, columns)` folds
+    each group's products (stacked on `out_axes`) into `acc`, from `init(shapes)`
+    (`shapes` those of `f`'s output). Running `f` once per group, `ceil(d / width)`
+    times, with `width` tangents in flight. Returns `(acc, f(s))`: the value comes
+    with every group's products."""
+    d = s.shape[0]
+    products = _unit_products(f, s, width, out_axes)
 
     def group(i, carry):
-        acc, values = carry
-        row = group_start(i // columns, size, k)
-        start = group_start(i % columns, width, d)
-        take = lambda x: lax.dynamic_slice_in_dim(x, row, size, 0)
-        value, products_ = products(
-            take(starts), jax.tree_util.tree_map(take, xs), start
-        )
-        put = lambda o, v: lax.dynamic_update_slice_in_dim(o, v, row, 0)
-        values = jax.tree_util.tree_map(put, values, value)
-        return write(acc, row, start, products_), values
+        start = group_start(i, width, d)
+        value, columns = products(start)
+        return write(carry[0], start, columns), value
 
-    shapes = jax.eval_shape(jax.vmap(f), starts, xs)
-    # typed like `starts` in shard_map (adds zeros)
-    like = lambda o: jnp.zeros(o.shape, o.dtype) + jnp.zeros_like(starts[0, 0], o.dtype)
-    values = jax.tree_util.tree_map(like, shapes)
-    count = -(-k // size) * columns
-    return lax.fori_loop(0, count, group, (init(shapes), values))
+    shapes = jax.eval_shape(f, s)
+    # typed like `s` in shard_map (adds zeros)
+    like = lambda out: jnp.zeros(out.shape, out.dtype) + jnp.zeros_like(s[0], out.dtype)
+    value = jax.tree_util.tree_map(like, shapes)
+    return lax.fori_loop(0, -(-d // width), group, (init(shapes), value))
 
 
 def _stacked(f, s, width: int, axis: int):
-    """One chunk's `df/ds` as `_dense` builds it, its column groups stacked by a
-    `lax.map` (each group's products written along a new leading axis) and then
-    joined along `axis` in one copy. For one-step chunks on a TPU, where writing the groups in place
+    """`df/ds` as `_dense` builds it, its column groups stacked by a `lax.map` (each
+    group's products written along a new leading axis) and then joined along `axis`
+    in one copy. For one-step chunks on a TPU, where writing the groups in place
     along the Jacobians' own axes costs a relayout of all of them per group (their
     minor axis tiled to 128 lanes). Not heavier there (XLA temp of one-step chunks'
     Jacobians on a TPU v5e, T = 65536, d = 32: 256 MiB against 1185 in place), but
@@ -208,72 +187,47 @@ def _stacked(f, s, width: int, axis: int):
     return jax.tree_util.tree_map(join, groups), value
 
 
-def _dense_width(d: int, groups: int = 8, least: int = 16) -> int:
-    """The tangents `_dense` runs at once for a state of size `d`: at most `groups`
-    groups of at least `least` columns, about `d / groups` tangents in flight, not `d`
-    (the temporary memory of the gradient of a wide cell), for the price of running
-    the chunk once per group."""
-    return min(d, max(least, -(-d // groups)))
+def _dense(
+    f, s, transposed: bool, groups: int = 8, least: int = 16, stacked: bool = False
+):
+    """`df/ds` by forward mode, its columns in at most `groups` groups of at least
+    `least` columns, one group after another: the tangents in flight at once are
+    about `d / groups` vectors, not `d` (the temporary memory of the gradient of a
+    wide cell), for the price of running `f` itself once per group. Each group is
+    written in place: rows of the transpose if `transposed` (no copy either way);
+    or, with `stacked`, stacked and joined in one copy (`_stacked`).
+    `f` may return a pytree: then the Jacobian is a pytree like it, each leaf `(*S, d)`
+    (`(d, *S)` if `transposed`) for an output leaf of shape `S`. Returns
+    `(jacobian, f(s))`."""
+    d = s.shape[0]
+    width = min(d, max(least, -(-d // groups)))
+    if stacked:
+        return _stacked(f, s, width, 0 if transposed else -1)
 
-
-def _chunk_groups(starts: Array, xs: PyTree[Array], width: int) -> int:
-    """Into how many groups of chunks, run one group after another, the forward-mode
-    pass over the K chunks goes (`_in_groups`): 1, all chunks at once, except on
-    CPU for chunks of several steps. There the pass runs every chunk of a group in
-    lockstep through its steps, `width` tangents each, and all K chunks' tangents
-    outgrow the cache: groups whose tangents take about 16 KiB (GRU 1 -> d,
-    `Newton(chunk_size=128)`, T = 65536, forward: d = 16 1.45x, d = 32 1.7x, d = 64
-    1.6x faster, d = 8 and 128 level; docs/benchmarks.md)."""
-    k, d = starts.shape[0], starts.shape[-1]
-    if jax.default_backend() != "cpu" or chunk_length(xs) == 1:
-        return 1
-    per_chunk = width * d * starts.dtype.itemsize
-    return -(-k // max(1, _GROUP_BYTES // per_chunk))
-
-
-_GROUP_BYTES = 16 * 1024
-
-
-def _dense(f, starts, xs, transposed: bool, width: int, rows: int = 1):
-    """Every chunk's `df/ds` by forward mode (`_in_groups`), each group of columns
-    written in place: rows of the transpose if `transposed` (no copy either way).
-    `f` may return a pytree: then the Jacobians are a pytree like it, each leaf
-    `(K, *S, d)` (`(K, d, *S)` if `transposed`) for an output leaf `(K, *S)`. Returns
-    `(jacobians, values)`."""
-    d = starts.shape[-1]
-    width = min(d, width)
-
-    def write(jac, row, start, columns):
-        def put(j, c):
-            at = [row] + [0] * (j.ndim - 1)
-            at[1 if transposed else -1] = start
-            return lax.dynamic_update_slice(j, c, at)
-
+    def write(jac, start, columns):
+        axis = lambda j: 0 if transposed else j.ndim - 1
+        put = lambda j, c: lax.dynamic_update_slice_in_dim(j, c, start, axis(j))
         return jax.tree_util.tree_map(put, jac, columns)
 
-    def zeros(o):  # typed like `starts` in shard_map (adds zeros)
-        shape = (o.shape[0], d, *o.shape[1:]) if transposed else (*o.shape, d)
-        return jnp.zeros(shape, o.dtype) + jnp.zeros_like(starts[0, 0], o.dtype)
+    def zeros(out):
+        shape = (d, *out.shape) if transposed else (*out.shape, d)
+        return jnp.zeros(shape, out.dtype) + jnp.zeros_like(s)  # typed like `s`
 
     init = lambda shapes: jax.tree_util.tree_map(zeros, shapes)
-    axis = 0 if transposed else -1
-    return _in_groups(f, starts, xs, width, init, write, axis, rows)
+    return _in_groups(f, s, width, init, write, out_axes=0 if transposed else -1)
 
 
-def _diagonal(f, starts, xs, width: int, rows: int = 1):
-    """Every chunk's `diag(df/ds)` by forward-mode products (`_in_groups`), keeping
-    one entry of each: memory `O(K d)` and `width` tangents per chunk, never the
-    `d x d` matrices. Returns `(diagonals, values)`."""
-    width = min(starts.shape[-1], width)
+def _diagonal(f, s, width: int):
+    """`diag(df/ds)` by forward-mode products, `width` at a time, keeping one entry
+    of each: memory `O(d)` and `width` tangents, never the `d x d` matrix. Returns
+    `(diagonal, f(s))`."""
+    width = min(s.shape[0], width)
 
-    def write(diag, row, start, columns):  # columns[k, j] is column `start + j`
-        block = lax.dynamic_slice_in_dim(columns, start, width, axis=2)
-        entries = jnp.diagonal(block, axis1=1, axis2=2)
-        return lax.dynamic_update_slice(diag, entries, (row, start))
+    def write(diag, start, columns):  # row j of `columns` is column `start + j`
+        block = lax.dynamic_slice_in_dim(columns, start, width, axis=1)
+        return lax.dynamic_update_slice_in_dim(diag, jnp.diagonal(block), start, 0)
 
-    return _in_groups(
-        f, starts, xs, width, lambda _: jnp.zeros_like(starts), write, 0, rows
-    )
+    return _in_groups(f, s, width, lambda _: jnp.zeros_like(s), write)
 
 
 class DenseJacobian(AbstractJacobian):
@@ -296,14 +250,9 @@ class DenseJacobian(AbstractJacobian):
         # 561 -> 81 ms). With longer chunks both are level (2 <= C <= 32) or in place
         # wins (C = 128, d = 128: 21 against 25 ms), and on CPU in place wins always
         # (the Jacobians of T = 16384 one-step chunks, d = 32, in 26 against 47 ms)
-        width = _dense_width(starts.shape[-1])
-        if chunk_length(xs) == 1 and jax.default_backend() == "tpu":
-            axis = 0 if transposed else -1
-            one = lambda s, x: _stacked(lambda s: f(s, x), s, width, axis)
-            out, values = jax.vmap(one)(starts, xs)
-        else:
-            rows = _chunk_groups(starts, xs, width)
-            out, values = _dense(f, starts, xs, transposed, width, rows)
+        stacked = chunk_length(xs) == 1 and jax.default_backend() == "tpu"
+        one = lambda s, x: _dense(lambda s: f(s, x), s, transposed, stacked=stacked)
+        out, values = jax.vmap(one)(starts, xs)
         out = (cls(out[0]), out[1]) if isinstance(out, tuple) else (cls(out),)
         out = (*out, values) if value else out
         return out if len(out) > 1 else out[0]
@@ -349,9 +298,9 @@ class DiagonalJacobian(AbstractJacobian):
         c = chunk_length(xs)
         width, groups = (min(16, c // 8), 1) if c >= 8 else (32, -(-32 // c))
 
-        if c >= 8:
-            groups = _chunk_groups(starts, xs, width)
-        out, values = _diagonal(f, starts, xs, width, groups)
+        one = lambda sx: _diagonal(lambda s: f(s, sx[1]), sx[0], width)
+
+        out, values = map_in_groups(one, (starts, xs), groups)
         return (cls(out), values) if value else cls(out)
 
     def mv(self, v):

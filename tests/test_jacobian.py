@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 import pscan
+from pscan._solvers import _jacobian as jacobian_module
 from pscan._solvers._jacobian import _dense, _diagonal
 
 from .helpers import assert_allclose
@@ -96,6 +97,43 @@ def test_operators(chunk, backend, monkeypatch):
     assert_allclose(grad, 2 * starts)
     assert_allclose(values, ends)
     assert_allclose(extra, jnp.sum(starts**2, axis=-1))
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_one_more_chunk_against_cache_aliasing(backend, monkeypatch):
+    """On CPU, when the K chunks' rows of state take a multiple of `_ALIASING_BYTES`
+    (4 KiB: rows that far apart share cache sets, and the lockstep pass over the
+    chunks ran 2-3x slower), the forward-mode pass runs one more chunk and drops its
+    outputs: the same operators and values. Elsewhere, and for one-step chunks, not."""
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    k, d = 8, 5
+    starts = jax.random.normal(jax.random.PRNGKey(1), (k, d))
+    xs = jax.random.normal(jax.random.PRNGKey(2), (k, 8, d))
+    end = lambda s, x: f(s, jnp.sum(x, axis=0))
+    pair = lambda s, x: (end(s, x), jnp.sum(s**2))
+
+    def build(xs):
+        return [
+            pscan.DenseJacobian.linearise(end, starts, xs, value=True),
+            pscan.DenseJacobian.linearise(
+                pair, starts, xs, transposed=True, value=True
+            ),
+            pscan.DiagonalJacobian.linearise(end, starts, xs, value=True),
+        ]
+
+    joins = lambda xs: str(jax.make_jaxpr(lambda x: build(x))(xs)).count("concatenate")
+    before, before_one_step = joins(xs), joins(xs[:, :1])
+    want = build(xs)
+    monkeypatch.setattr(jacobian_module, "_ALIASING_BYTES", k * d * 8)
+    # the starts and the inputs, in each of the three passes (chunks of 8 steps)
+    assert joins(xs) == before + (6 if backend == "cpu" else 0)
+    assert joins(xs[:, :1]) == before_one_step  # one-step chunks
+    got = build(xs)
+    leaves = jax.tree_util.tree_leaves
+    assert len(leaves(got)) == len(leaves(want)) == 8
+    for a, b in zip(leaves(got), leaves(want)):
+        assert a.shape == b.shape
+        assert_allclose(a, b)
 
 
 def test_one_step_chunks_in_groups_without_a_copy():

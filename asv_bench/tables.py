@@ -363,7 +363,7 @@ def packed(args):
         # what the resets cost: the same steps as one series (another answer, so no
         # error column), timed with the three ways
         plain = "same steps, no resets"
-        whole = _as_one_series(solver, h0)
+        whole = solver_programs(solver, h0)  # the default throw=True, as the ways
         solved[plain] = (
             int(jax.jit(whole["solve"])(cell, xs).stats["num_iterations"]),
             None,
@@ -390,18 +390,6 @@ def packed(args):
                     f"{temp[way, 'grad'] / temp[first, 'grad']:.2f}x",
                 ]
             )
-
-
-def _as_one_series(solver, h0):
-    """`{"fwd", "grad", "solve"}` as `scenarios.packed_programs` has them, for the
-    packed steps run as one series (no resets)."""
-    solve = lambda c, xs: pscan.recurrence(c, xs, h0, solver=solver)
-    grad = eqx.filter_grad(lambda c, xs: jnp.sum(solve(c, xs).hs))
-    return {
-        "fwd": lambda c, xs: solve(c, xs).hs,
-        "grad": lambda c, xs: grad(c, xs),
-        "solve": solve,
-    }
 
 
 def _solve_from(solver, h0, warm):

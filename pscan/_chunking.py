@@ -95,16 +95,19 @@ def group_start(i, size: int, total: int):
     return jnp.minimum(i * size, total - size)
 
 
-def map_in_groups(f, xs: PyTree[Array], groups: int) -> PyTree[Array]:
+def map_in_groups(
+    f, xs: PyTree[Array], groups: int, size: int | None = None
+) -> PyTree[Array]:
     """`jax.vmap(f)(xs)` over the leading axis, computed in `groups` groups of rows
     one after another (the temporaries of one group at a time), each group's rows
     written in place into the outputs; the last group overlaps the one before when
     `groups` does not divide the rows (`lax.map` with a `batch_size` would run the
-    remainder as a second call and concatenate, a copy of every output). Outputs are
+    remainder as a second call and concatenate, a copy of every output). `size`, if
+    given, is the rows of a group instead (at least `rows / groups`). Outputs are
     typed like `xs` inside `shard_map` (varying where `xs` varies)."""
     leaves = jax.tree_util.tree_leaves(xs)
     rows = leaves[0].shape[0]
-    size = -(-rows // max(1, groups))
+    size = -(-rows // max(1, groups)) if size is None else min(size, rows)
     count = -(-rows // size)
     batched = jax.vmap(f)
     if count == 1:

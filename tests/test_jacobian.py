@@ -136,6 +136,36 @@ def test_one_more_chunk_against_cache_aliasing(backend, monkeypatch):
         assert_allclose(a, b)
 
 
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_groups_of_one_more_chunk_against_cache_aliasing(backend, monkeypatch):
+    """The diagonal Jacobians of chunks of 2-7 steps are built over groups of chunks
+    in turn (`32 / C` groups): on CPU, where a group's rows of state would take a
+    multiple of `_ALIASING_BYTES` (and one more row would not), the groups take one
+    more chunk each (the last overlapping the one before): the same diagonals and
+    values, for any number of chunks."""
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    d, c = 5, 4  # 8 groups
+    end = lambda s, x: f(s, jnp.sum(x, axis=0))
+    slices = lambda k, xs: str(
+        jax.make_jaxpr(lambda x: pscan.DiagonalJacobian.linearise(end, x[0], x[1]))(
+            (jnp.zeros((k, d)), xs)
+        )
+    )
+    for k in (32, 37):
+        starts = jax.random.normal(jax.random.PRNGKey(1), (k, d))
+        xs = jax.random.normal(jax.random.PRNGKey(2), (k, c, d))
+        want = pscan.DiagonalJacobian.linearise(end, starts, xs, value=True)
+        size = -(-k // 8)
+        monkeypatch.setattr(jacobian_module, "_ALIASING_BYTES", size * d * 8)
+        more = backend == "cpu"
+        assert f"slice_sizes=({size + more}, {d})" in slices(k, xs)
+        got = pscan.DiagonalJacobian.linearise(end, starts, xs, value=True)
+        assert_allclose(got[0].diagonal, want[0].diagonal)
+        assert_allclose(got[1], want[1])
+        monkeypatch.undo()
+        monkeypatch.setattr(jax, "default_backend", lambda: backend)
+
+
 def test_one_step_chunks_in_groups_without_a_copy():
     """Chunks of one step (quasi-DEER's) are linearised in 8 groups of rows written in
     place: when 8 does not divide T the last group overlaps the one before, instead

@@ -230,26 +230,34 @@ def _diagonal(f, s, width: int):
     return _in_groups(f, s, width, lambda _: jnp.zeros_like(s), write)
 
 
+def _aliased(rows: int, starts, xs) -> bool:
+    """Whether a forward-mode pass over `rows` chunks in lockstep would read rows of
+    state that share cache sets, where `rows + 1` would not: on CPU, for chunks of
+    several steps, when the rows' states take a multiple of 2 KiB (GRU 1 -> 32,
+    `Newton(chunk_size=128)` forward on one core: 5.3 us a step at K = 127 chunks,
+    15.2 at K = 128, 10.8 at 96, 5.5 at 95, 4.3 at 112 (2 KiB), 2.9 at 104 (1 KiB);
+    docs/benchmarks.md)."""
+    row = starts.shape[-1] * starts.dtype.itemsize
+    return (
+        jax.default_backend() == "cpu"
+        and chunk_length(xs) > 1
+        and (rows * row) % _ALIASING_BYTES == 0
+        and ((rows + 1) * row) % _ALIASING_BYTES != 0
+    )
+
+
 def _over_chunks(one, starts, xs):
-    """`jax.vmap(one)(starts, xs)` over the K chunks; on CPU, for chunks of several
-    steps whose K rows of state take a multiple of 4 KiB, with one more chunk (a copy
-    of the last, its outputs dropped): the forward-mode pass runs all chunks in
-    lockstep, and rows of K states a multiple of 4 KiB apart map to the same cache
-    sets (GRU 1 -> 32, `Newton(chunk_size=128)` forward on one core: 5.3 us a step at
-    K = 127, 15.2 at K = 128, 10.8 at 96, 5.5 at 95; docs/benchmarks.md)."""
-    k, d = starts.shape[0], starts.shape[-1]
-    if (
-        jax.default_backend() != "cpu"
-        or chunk_length(xs) == 1
-        or (k * d * starts.dtype.itemsize) % _ALIASING_BYTES
-    ):
+    """`jax.vmap(one)(starts, xs)` over the K chunks, with one more chunk (a copy of
+    the last, its outputs dropped) where the K would be `_aliased`."""
+    k = starts.shape[0]
+    if not _aliased(k, starts, xs):
         return jax.vmap(one)(starts, xs)
     more = lambda x: jnp.concatenate([x, x[-1:]])
     out = jax.vmap(one)(more(starts), jax.tree_util.tree_map(more, xs))
     return jax.tree_util.tree_map(lambda x: x[:k], out)
 
 
-_ALIASING_BYTES = 4096
+_ALIASING_BYTES = 2048
 
 
 class DenseJacobian(AbstractJacobian):
@@ -323,8 +331,10 @@ class DiagonalJacobian(AbstractJacobian):
         one = lambda sx: _diagonal(lambda s: f(s, sx[1]), sx[0], width)
         if groups == 1:
             out, values = _over_chunks(lambda s, x: one((s, x)), starts, xs)
-        else:
-            out, values = map_in_groups(one, (starts, xs), groups)
+        else:  # groups of one more chunk where theirs would be aliased
+            size = -(-starts.shape[0] // groups)
+            size += _aliased(size, starts, xs)
+            out, values = map_in_groups(one, (starts, xs), groups, size)
         return (cls(out), values) if value else cls(out)
 
     def mv(self, v):

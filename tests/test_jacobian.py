@@ -166,6 +166,28 @@ def test_groups_of_one_more_chunk_against_cache_aliasing(backend, monkeypatch):
         monkeypatch.setattr(jax, "default_backend", lambda: backend)
 
 
+@pytest.mark.parametrize("backend", ["cpu", "tpu"])
+def test_diagonal_of_longer_chunks_in_groups_on_a_tpu(backend, monkeypatch):
+    """On a TPU the diagonals of chunks of 8 or more steps are built as those of
+    shorter chunks, 32 products at once over `32 / C` groups of chunks (a loop of
+    `max(32, C)` steps, not `8 d`); on CPU a few products at once over all chunks.
+    The same diagonals either way."""
+    d, c, k = 5, 16, 10
+    starts = jax.random.normal(jax.random.PRNGKey(1), (k, d))
+    xs = jax.random.normal(jax.random.PRNGKey(2), (k, c, d))
+    end = lambda s, x: f(s, jnp.sum(x, axis=0))
+    want = pscan.DiagonalJacobian.linearise(end, starts, xs, value=True)
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    jaxpr = str(
+        jax.make_jaxpr(lambda s: pscan.DiagonalJacobian.linearise(end, s, xs))(starts)
+    )
+    # two groups of 5 chunks on a TPU
+    assert ("slice_sizes=(5, 5)" in jaxpr) == (backend == "tpu")
+    got = pscan.DiagonalJacobian.linearise(end, starts, xs, value=True)
+    assert_allclose(got[0].diagonal, want[0].diagonal)
+    assert_allclose(got[1], want[1])
+
+
 def test_one_step_chunks_in_groups_without_a_copy():
     """Chunks of one step (quasi-DEER's) are linearised in 8 groups of rows written in
     place: when 8 does not divide T the last group overlaps the one before, instead

@@ -318,15 +318,21 @@ class DiagonalJacobian(AbstractJacobian):
 
     @classmethod
     def linearise(cls, f, starts, xs, *, transposed=False, value=False):
-        # chunks of C >= 8 steps: `C / 8` products at once (at most 16), about T / 8
-        # tangents in flight (each a state). Shorter chunks (quasi-DEER): 32 products
-        # at once over `32 / C` groups of chunks in turn, about T tangents: the loop
-        # takes `d` steps, not `8 d` as with one product over 8 groups (quasi-DEER's
-        # forward 8x faster on a TPU at d = 128, 2.6x on CPU; its gradient's memory
-        # level: docs/benchmarks.md)
+        # chunks of C >= 8 steps on CPU: `C / 8` products at once (at most 16), about
+        # T / 8 tangents in flight (each a state). Shorter chunks (quasi-DEER), and
+        # every length on a TPU: 32 products at once over `32 / C` groups of chunks in
+        # turn, at most about T tangents: the loop takes `max(32, C) d / 32` steps, not
+        # `8 d` as with one product over 8 groups (quasi-DEER's forward 8x faster on
+        # a TPU at d = 128, 2.6x on CPU; its gradient's memory level. On a TPU v5e,
+        # GRU 1 -> 128, T = 16384, Newton(C, diagonal) forward 2.7x faster at C = 8,
+        # 1.5x at C = 128, gradient temp 2 -> 10 MiB at C = 32; on CPU 1.1-2.2x faster
+        # too, but its XLA temp 1.4-5x: docs/benchmarks.md)
         del transposed  # a diagonal is its own transpose
         c = chunk_length(xs)
-        width, groups = (min(16, c // 8), 1) if c >= 8 else (32, -(-32 // c))
+        if c >= 8 and jax.default_backend() != "tpu":
+            width, groups = min(16, c // 8), 1
+        else:
+            width, groups = 32, -(-32 // c)
 
         one = lambda sx: _diagonal(lambda s: f(s, sx[1]), sx[0], width)
         if groups == 1:

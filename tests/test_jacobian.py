@@ -102,8 +102,8 @@ def test_operators(chunk, backend, monkeypatch):
 @pytest.mark.parametrize("backend", ["cpu", "gpu"])
 def test_one_more_chunk_against_cache_aliasing(backend, monkeypatch):
     """On CPU, when the K chunks' rows of state take a multiple of `_ALIASING_BYTES`
-    (4 KiB: rows that far apart share cache sets, and the lockstep pass over the
-    chunks ran 2-3x slower), the forward-mode pass runs one more chunk and drops its
+    (2 KiB: rows that far apart share cache sets, and the lockstep pass over the
+    chunks ran 1.5-3x slower), the forward-mode pass runs one more chunk and drops its
     outputs: the same operators and values. Elsewhere, and for one-step chunks, not."""
     monkeypatch.setattr(jax, "default_backend", lambda: backend)
     k, d = 8, 5
@@ -156,14 +156,13 @@ def test_groups_of_one_more_chunk_against_cache_aliasing(backend, monkeypatch):
         xs = jax.random.normal(jax.random.PRNGKey(2), (k, c, d))
         want = pscan.DiagonalJacobian.linearise(end, starts, xs, value=True)
         size = -(-k // 8)
-        monkeypatch.setattr(jacobian_module, "_ALIASING_BYTES", size * d * 8)
-        more = backend == "cpu"
-        assert f"slice_sizes=({size + more}, {d})" in slices(k, xs)
-        got = pscan.DiagonalJacobian.linearise(end, starts, xs, value=True)
+        with monkeypatch.context() as patch:
+            patch.setattr(jacobian_module, "_ALIASING_BYTES", size * d * 8)
+            more = backend == "cpu"
+            assert f"slice_sizes=({size + more}, {d})" in slices(k, xs)
+            got = pscan.DiagonalJacobian.linearise(end, starts, xs, value=True)
         assert_allclose(got[0].diagonal, want[0].diagonal)
         assert_allclose(got[1], want[1])
-        monkeypatch.undo()
-        monkeypatch.setattr(jax, "default_backend", lambda: backend)
 
 
 @pytest.mark.parametrize("backend", ["cpu", "tpu"])

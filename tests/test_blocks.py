@@ -6,7 +6,7 @@ import pytest
 from jax.test_util import check_grads
 
 import pscan
-from pscan._blocks import block_matmul
+from pscan._blocks import _gauss_jordan, block_matmul, block_solve_spd
 
 from .helpers import (
     assert_allclose,
@@ -78,3 +78,41 @@ def test_dense_recurrence_as_traced_for_a_tpu(tpu, monkeypatch, reverse):
         assert_allclose(solve(a, b, h0), reference_linear(a, b, h0, reverse))
     check_grads(solve, (a[:97], b[:97], h0), order=1, modes=("fwd", "rev"))
     assert backends and set(backends) == {"tpu"}
+
+
+def test_gauss_jordan_solves_like_lu():
+    """The TPU's solve of the dense Kalman combine: batches of blocks, against LU
+    (float64), a block that needs row exchanges (a zero pivot), complex blocks."""
+    keys = jax.random.split(jax.random.PRNGKey(5), 4)
+    m = jax.random.normal(keys[0], (3, 2, 6, 6), jnp.float64)
+    b = jax.random.normal(keys[1], (3, 2, 6, 4), jnp.float64)
+    assert_allclose(_gauss_jordan(m, b), jnp.linalg.solve(m, b))
+    swap = jnp.array([[0.0, 2.0, 1.0], [3.0, 0.0, 1.0], [1.0, 1.0, 0.0]])
+    assert_allclose(_gauss_jordan(swap, jnp.eye(3)), jnp.linalg.inv(swap))
+    mc = m + 1j * jax.random.normal(keys[2], m.shape, jnp.float64)
+    bc = b + 1j * jax.random.normal(keys[3], b.shape, jnp.float64)
+    assert_allclose(_gauss_jordan(mc, bc), jnp.linalg.solve(mc, bc))
+
+
+@pytest.mark.parametrize("backend", ["cpu", "tpu"])
+def test_spd_solve_solves_like_lu(backend, monkeypatch):
+    """The smoother's gains, `(F P F^T + I)^{-1} F P`, by Cholesky (on a TPU, by
+    elimination): against LU (float64, batches of blocks), in bfloat16 (factorised in
+    float32, by either), and complex blocks, which are not Hermitian there and go to
+    LU."""
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    keys = jax.random.split(jax.random.PRNGKey(6), 4)
+    f = jax.random.normal(keys[0], (3, 2, 6, 6), jnp.float64)
+    p = jax.random.normal(keys[1], (3, 2, 6, 6), jnp.float64)
+    p = p @ jnp.swapaxes(p, -1, -2)
+    s = f @ p @ jnp.swapaxes(f, -1, -2) + jnp.eye(6)
+    b = f @ p
+    assert_allclose(block_solve_spd(s, b), jnp.linalg.solve(s, b))
+    s16, b16 = s.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
+    half = block_solve_spd(s16, b16)
+    assert half.dtype == jnp.bfloat16
+    wide = jnp.linalg.solve(s16.astype(jnp.float32), b16.astype(jnp.float32))
+    assert jnp.max(jnp.abs(half - wide)) <= 1e-2 * jnp.max(jnp.abs(wide))
+    sc = s + 1j * jax.random.normal(keys[2], s.shape, jnp.float64)
+    bc = b + 1j * jax.random.normal(keys[3], b.shape, jnp.float64)
+    assert_allclose(block_solve_spd(sc, bc), jnp.linalg.solve(sc, bc))

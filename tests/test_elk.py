@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import pscan
-from pscan._solvers import _elk
+from pscan import _blocks
 
 from .helpers import assert_allclose, assert_exact_derivatives, scan_cell, to_dtype
 
@@ -164,111 +164,6 @@ def test_exact_prefix_survives_starts_at_the_bound():
     assert float(jnp.max(jnp.abs(sol.hs - jax.vmap(cell)(xs[:length], prev)))) <= 1e-5
 
 
-@pytest.mark.parametrize(
-    "solve, method",
-    [("lu", "sequential"), ("lu", "associative"), ("gauss-jordan", "sequential")],
-)
-@pytest.mark.parametrize("structure", ["dense", "diagonal"])
-def test_kalman_steps_are_least_squares_minimisers(
-    structure, solve, method, monkeypatch
-):
-    """The damped steps against a direct least-squares solve (float64): the smoother's
-    is the minimiser over all rows, the filter's row `k` the last row of the minimiser
-    over rows `1..k` (the linearised residuals up to `k` and the distances to the
-    observations, `1 / sigma^2` each); with the dense blocks solved by LU, or by the
-    elimination that a TPU uses; by the classic filter and smoother steps (a loop from
-    the first row) or the general combine (the parallel scan)."""
-    if solve == "gauss-jordan":
-        monkeypatch.setattr(_elk, "_solve", _elk._gauss_jordan)
-    K, d = 7, 3
-    keys = jax.random.split(jax.random.PRNGKey(3), 5)
-    shape = (K - 1, d) if structure == "diagonal" else (K - 1, d, d)
-    jac = jax.random.normal(keys[0], shape, jnp.float64)
-    starts, ends = (jax.random.normal(k, (K, d), jnp.float64) for k in keys[1:3])
-    y = jax.random.normal(keys[3], (K - 1, d), jnp.float64)
-    sigma2 = jax.random.uniform(keys[4], (K - 1,), jnp.float64, 0.1, 10.0)
-    alg = _elk._ALGEBRA[_elk.STRUCTURES[structure]]
-    # the first row is h0 (`starts[0]`), known exactly; the last Jacobian is unused
-    jac_all = jnp.concatenate([jac, jnp.full_like(jac[:1], jnp.nan)])
-    implied = jnp.concatenate([starts[:1], ends[:-1]])
-    y_all = jnp.concatenate([starts[:1], y])
-    kappa = jnp.concatenate([jnp.ones(1), 1 / (1 + sigma2)])
-    step = lambda smooth: _elk._kalman(
-        alg,
-        jac_all,
-        ends,
-        starts,
-        implied,
-        y_all,
-        kappa,
-        method,
-        None,
-        smooth,
-        None,
-    )[1:]
-    mats = jax.vmap(jnp.diag)(jac) if structure == "diagonal" else jac
-
-    def minimiser(n):  # over x_1..x_n
-        rows, rhs = [], []
-
-        def block(k, m):  # m at the columns of x_k
-            return jnp.zeros((d, n * d)).at[:, (k - 1) * d : k * d].set(m)
-
-        rows.append(block(1, jnp.eye(d)))
-        rhs.append(ends[0])
-        for k in range(1, n):
-            rows.append(block(k + 1, jnp.eye(d)) - block(k, mats[k]))
-            rhs.append(ends[k] - mats[k] @ starts[k])
-        for k in range(1, n + 1):
-            w = sigma2[k - 1] ** -0.5
-            rows.append(block(k, w * jnp.eye(d)))
-            rhs.append(w * y[k - 1])
-        a, b = jnp.concatenate(rows), jnp.concatenate(rhs)
-        return jnp.linalg.lstsq(a, b)[0].reshape(n, d)
-
-    assert_allclose(step(True), minimiser(K - 1))
-    filtered = jnp.stack([minimiser(n)[-1] for n in range(1, K)])
-    assert_allclose(step(False), filtered)
-
-
-def test_gauss_jordan_solves_like_lu():
-    """The TPU's solve of the dense Kalman combine: batches of blocks, against LU
-    (float64), a block that needs row exchanges (a zero pivot), complex blocks."""
-    keys = jax.random.split(jax.random.PRNGKey(5), 4)
-    m = jax.random.normal(keys[0], (3, 2, 6, 6), jnp.float64)
-    b = jax.random.normal(keys[1], (3, 2, 6, 4), jnp.float64)
-    assert_allclose(_elk._gauss_jordan(m, b), jnp.linalg.solve(m, b))
-    swap = jnp.array([[0.0, 2.0, 1.0], [3.0, 0.0, 1.0], [1.0, 1.0, 0.0]])
-    assert_allclose(_elk._gauss_jordan(swap, jnp.eye(3)), jnp.linalg.inv(swap))
-    mc = m + 1j * jax.random.normal(keys[2], m.shape, jnp.float64)
-    bc = b + 1j * jax.random.normal(keys[3], b.shape, jnp.float64)
-    assert_allclose(_elk._gauss_jordan(mc, bc), jnp.linalg.solve(mc, bc))
-
-
-@pytest.mark.parametrize("backend", ["cpu", "tpu"])
-def test_spd_solve_solves_like_lu(backend, monkeypatch):
-    """The smoother's gains, `(F P F^T + I)^{-1} F P`, by Cholesky (on a TPU, by
-    elimination): against LU (float64, batches of blocks), in bfloat16 (factorised in
-    float32, by either), and complex blocks, which are not Hermitian there and go to
-    LU."""
-    monkeypatch.setattr(jax, "default_backend", lambda: backend)
-    keys = jax.random.split(jax.random.PRNGKey(6), 4)
-    f = jax.random.normal(keys[0], (3, 2, 6, 6), jnp.float64)
-    p = jax.random.normal(keys[1], (3, 2, 6, 6), jnp.float64)
-    p = p @ jnp.swapaxes(p, -1, -2)
-    s = f @ p @ jnp.swapaxes(f, -1, -2) + jnp.eye(6)
-    b = f @ p
-    assert_allclose(_elk._solve_spd(s, b), jnp.linalg.solve(s, b))
-    s16, b16 = s.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
-    half = _elk._solve_spd(s16, b16)
-    assert half.dtype == jnp.bfloat16
-    wide = jnp.linalg.solve(s16.astype(jnp.float32), b16.astype(jnp.float32))
-    assert jnp.max(jnp.abs(half - wide)) <= 1e-2 * jnp.max(jnp.abs(wide))
-    sc = s + 1j * jax.random.normal(keys[2], s.shape, jnp.float64)
-    bc = b + 1j * jax.random.normal(keys[3], b.shape, jnp.float64)
-    assert_allclose(_elk._solve_spd(sc, bc), jnp.linalg.solve(sc, bc))
-
-
 def test_tpu_path_matches_sequential(monkeypatch):
     """What ELK runs on a TPU (the dense Kalman combine scanned in chunks, its blocks
     solved by elimination), traced here as if the backend were one: the sequential
@@ -276,9 +171,9 @@ def test_tpu_path_matches_sequential(monkeypatch):
     cell, xs, h0 = _problem(37, gain=2.0)
     solver = SOLVERS["elk-smoother"]
     traced = []
-    eliminate = _elk._gauss_jordan
+    eliminate = _blocks._gauss_jordan
     spy = lambda m, b: traced.append(m.shape) or eliminate(m, b)
-    monkeypatch.setattr(_elk, "_gauss_jordan", spy)
+    monkeypatch.setattr(_blocks, "_gauss_jordan", spy)
     here = pscan.recurrence(cell, xs, h0, solver=solver)
     assert not traced
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")

@@ -11,7 +11,7 @@ from ._cell import cell_parts
 from ._precision import TwoPrecisionCell
 from ._segments import segment_masks
 from ._solution import RESULTS, Solution
-from ._solvers import AbstractSolver, Problem, Sequential
+from ._solvers import AbstractSolver, Problem, Sequential, check_solver
 
 
 def _shape_tree(tree):
@@ -101,11 +101,7 @@ def recurrence(
     `ValueError` at trace time when `solver` is not a solver, `xs` has no common
     leading axis, `h0` is not floating, or `cell` returns a state unlike `h0`.
     """
-    if not isinstance(solver, AbstractSolver):
-        raise ValueError(
-            f"pscan.recurrence: `solver` must be a pscan solver (Sequential, Picard, Newton), "
-            f"got {solver!r}"
-        )
+    check_solver("recurrence", solver)
     args = (cell, xs, h0, solver, throw, guess, reverse, resets, length)
     precision = solver.matrix_precision()
     if precision is None:

@@ -14,7 +14,7 @@ from ._linear import linear_recurrence
 from ._recurrence import raise_on_failure, recurrence
 from ._segments import segment_masks
 from ._solution import Solution
-from ._solvers import AbstractShootingSolver
+from ._solvers import AbstractShootingSolver, check_solver
 
 
 def _check_axis(owner: str, mesh: Mesh, axis_name: str):
@@ -171,11 +171,7 @@ def sharded_recurrence(
     `ValueError` for a solver without parallelism across devices (`Sequential`), an
     `axis_name` not in `mesh`, and whatever `pscan.recurrence` raises.
     """
-    if not isinstance(solver, AbstractShootingSolver):
-        raise ValueError(
-            "pscan.sharded_recurrence: `solver` must be pscan.Picard, pscan.Newton or "
-            f"pscan.ELK (the solvers that are parallel in time), got {solver!r}"
-        )
+    check_solver("sharded_recurrence", solver, AbstractShootingSolver)
     _check_axis("sharded_recurrence", mesh, axis_name)
     solver = dataclasses.replace(solver, axis_name=axis_name)
     leaves = jax.tree_util.tree_leaves(xs)

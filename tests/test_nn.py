@@ -214,8 +214,10 @@ def test_bad_input_is_a_value_error():
         nn.Recurrence(eqx.nn.GRUCell(3, 4, key=jax.random.PRNGKey(0)))(
             jnp.zeros((7, 1))
         )
-    with pytest.raises(ValueError, match="solver"):
+    with pytest.raises(ValueError, match="`solver` must be None or a pscan solver"):
         nn.Recurrence(cell, "newton")
+    with pytest.raises(ValueError, match=r"did you mean pscan.Picard\(\)"):
+        nn.Recurrence(cell, pscan.Picard)
     with pytest.raises(ValueError, match="pass `h0`"):
         nn.Recurrence(lambda x, h: h)(xs)
     with pytest.raises(

@@ -575,8 +575,13 @@ def test_invalid_solver_options(make, match):
 def test_bad_input():
     cell, h0 = make_cell("elman")
     xs = make_xs(10)
-    with pytest.raises(ValueError, match="`solver` must be a pscan solver"):
+    with pytest.raises(ValueError, match="`solver` must be a pscan solver.*'newton'"):
         pscan.recurrence(cell, xs, h0, solver="newton")
+    # a solver class, not an instance: the call that was meant
+    with pytest.raises(
+        ValueError, match=r"class pscan.Newton itself.*pscan.Newton\(\)"
+    ):
+        pscan.recurrence(cell, xs, h0, solver=pscan.Newton)
     with pytest.raises(
         ValueError, match=r"share one nonzero leading.*\(10, 2\), \(9,\)"
     ):

@@ -45,7 +45,7 @@ def test_one_device_mesh_and_bad_axis():
 def test_sharded_recurrence_bad_input():
     mesh = Mesh(np.array(jax.devices()[:1]), ("time",))
     cell = lambda x, h: h
-    with pytest.raises(ValueError, match="Picard, pscan.Newton or pscan.ELK"):
+    with pytest.raises(ValueError, match=r"parallel in time.*Sequential\("):
         pscan.sharded_recurrence(
             cell,
             np.ones((4, 1)),

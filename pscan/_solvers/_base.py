@@ -249,6 +249,35 @@ def check_positive_int(owner: str, name: str, value, allow_none: bool = False):
         )
 
 
+def check_solver(owner: str, solver, kind: type | None = None, allow_none=False):
+    """Raises a `ValueError` naming `owner` unless `solver` is an instance of `kind`
+    (`AbstractSolver` by default); a solver class passed uninstantiated is named as
+    such, with the call that was meant."""
+    kind = AbstractSolver if kind is None else kind
+    if (solver is None and allow_none) or isinstance(solver, kind):
+        return
+    if kind is AbstractSolver:
+        wanted = (
+            "a pscan solver: pscan.Sequential(), pscan.Picard(...), pscan.Newton(...), "
+            "pscan.ELK(...) or an instance of your own pscan.AbstractSolver subclass"
+        )
+    else:  # parallel in time
+        wanted = (
+            "a solver that is parallel in time: pscan.Picard(...), pscan.Newton(...), "
+            "pscan.ELK(...) or an instance of your own pscan.AbstractShootingSolver "
+            "subclass"
+        )
+    if allow_none:
+        wanted = "None or " + wanted
+    got = repr(solver)
+    if isinstance(solver, type) and issubclass(solver, kind):
+        name = solver.__name__
+        if solver.__module__.split(".")[0] == "pscan":
+            name = f"pscan.{name}"
+        got = f"the class {name} itself (did you mean {name}()?)"
+    raise ValueError(f"pscan.{owner}: `solver` must be {wanted}; got {got}")
+
+
 def check_tolerance(owner: str, name: str, value):
     """Raises a `ValueError` naming `owner.name` unless `value` is a number >= 0."""
     if (

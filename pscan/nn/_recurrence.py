@@ -9,7 +9,7 @@ from .._cell import AbstractCell, AbstractLinearCell
 from .._linear import linear_recurrence
 from .._recurrence import recurrence
 from .._segments import along_time
-from .._solvers import AbstractSolver, Newton, Sequential
+from .._solvers import AbstractSolver, Newton, Sequential, check_solver
 
 
 def default_solver(length: int, dtype) -> AbstractSolver:
@@ -112,11 +112,7 @@ class Recurrence(eqx.Module):
     throw: bool = eqx.field(static=True, default=True, kw_only=True)
 
     def __check_init__(self):
-        if self.solver is not None and not isinstance(self.solver, AbstractSolver):
-            raise ValueError(
-                f"pscan.nn.Recurrence: `solver` must be None or a pscan solver (Sequential, "
-                f"Picard, Newton), got {self.solver!r}"
-            )
+        check_solver("nn.Recurrence", self.solver, allow_none=True)
         if not callable(self.cell):
             raise ValueError(
                 f"pscan.nn.Recurrence: `cell` must be callable, got {self.cell!r}"

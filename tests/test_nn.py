@@ -210,6 +210,11 @@ def test_bad_input_is_a_value_error():
         layer(jnp.zeros((0, 3)))
     with pytest.raises(ValueError, match=r"Recurrence\(ElmanCell\): `h0`.*\(3,\)"):
         layer(xs, jnp.zeros(3))
+    # one step: one input of one sequence, a state like the cell's
+    with pytest.raises(ValueError, match=r"ElmanCell\)\.step: `x`.*\(3,\).*\(2, 3\)"):
+        layer.step(jnp.zeros((2, 3)), jnp.zeros(4))
+    with pytest.raises(ValueError, match=r"ElmanCell\): `h` must be.*\(4,\).*\(5,\)"):
+        layer.step(jnp.zeros(3), jnp.zeros(5))
     with pytest.raises(ValueError, match=r"Recurrence\(GRUCell\).*\(7, 1\)"):
         nn.Recurrence(eqx.nn.GRUCell(3, 4, key=jax.random.PRNGKey(0)))(
             jnp.zeros((7, 1))

@@ -164,9 +164,41 @@ class Recurrence(eqx.Module):
 
         `(output, h_next)`: the step's output (as one step of `__call__`'s outputs)
         and the new state.
+
+        **Raises:**
+
+        `ValueError` at trace time when `x` is not `(in_features,)` or `h` is not
+        shaped like the cell's state.
         """
+        want = self._in_features
+        shape = jnp.shape(x)
+        if len(shape) != 1 or (isinstance(want, int) and shape[0] != want):
+            want = want if isinstance(want, int) else "in_features"
+            raise ValueError(
+                f"{self._name}.step: `x` must have shape ({want},) (one step of one "
+                f"sequence: jax.vmap `step` for a batch), got {shape}"
+            )
+        x = jnp.asarray(x)
+        self._check_state("h", h, x.dtype)
         h_next = self.cell(x, h)
         return _output(self.cell, x, h_next), h_next
+
+    @property
+    def _in_features(self):
+        """The cell's input size where it says (Equinox's and pscan's cells), else
+        None."""
+        cell = self.cell
+        return getattr(cell, "in_features", getattr(cell, "input_size", None))
+
+    def _check_state(self, argument, h, dtype):
+        """Raises a `ValueError` unless `h` is shaped like the cell's state (where the
+        cell says what that is)."""
+        default = _zeros_state(self.cell, dtype)
+        if default is not None and _shapes(h) != _shapes(default):
+            raise ValueError(
+                f"{self._name}: `{argument}` must be shaped like the cell's state "
+                f"{_shapes(default)}, got {_shapes(h)}"
+            )
 
     def __call__(
         self,
@@ -210,9 +242,7 @@ class Recurrence(eqx.Module):
     def _run(self, xs, h0, length, resets, reverse):
         """`(outputs, final_state)` of a pass over `xs` in the direction `reverse`."""
         name = self._name
-        features = getattr(
-            self.cell, "in_features", getattr(self.cell, "input_size", None)
-        )
+        features = self._in_features
         shape = jnp.shape(xs)
         if (
             len(shape) != 2
@@ -226,14 +256,10 @@ class Recurrence(eqx.Module):
                 f"{shape}"
             )
         xs = jnp.asarray(xs)
-        default = _zeros_state(self.cell, xs.dtype)
         if h0 is None:
             h0 = self.init_state(xs.dtype)
-        elif default is not None and _shapes(h0) != _shapes(default):
-            raise ValueError(
-                f"{name}: `h0` must be shaped like the cell's state {_shapes(default)}, "
-                f"got {_shapes(h0)}"
-            )
+        else:
+            self._check_state("h0", h0, xs.dtype)
         state_dtype = jax.tree_util.tree_leaves(h0)[0].real.dtype
         if jnp.issubdtype(xs.dtype, jnp.floating) and (
             jnp.finfo(xs.dtype).bits > jnp.finfo(state_dtype).bits

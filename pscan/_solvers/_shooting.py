@@ -1,4 +1,4 @@
-"""The protocol of the parallel-in-time solvers (`Picard`, `Newton`, your own)."""
+"""The protocol of the parallel-in-time solvers (`Picard`, `Newton`, `ELK`, your own)."""
 
 import abc
 from typing import Any, ClassVar
@@ -17,7 +17,7 @@ from ._jacobian import AbstractJacobian
 
 class AbstractShootingSolver(AbstractSolver):
     """Base class of the solvers that iterate on the chunk-start states, with exact
-    sequential runs inside chunks (`pscan.Picard`, `pscan.Newton`).
+    sequential runs inside chunks (`pscan.Picard`, `pscan.Newton`, `pscan.ELK`).
 
     A solver is its `step`: new chunk starts from the current ones (and a solver
     state of its own, from `init`, that the loop carries from one iteration to the

@@ -12,6 +12,7 @@ the same run (this is what docs/benchmarks.md quotes).
     python asv_bench/tables.py packed     # 16 series of different lengths: resets vs padding
     python asv_bench/tables.py compile    # gradient compile time of every solver
     python asv_bench/tables.py precision  # Jacobians at full or default precision
+    python asv_bench/tables.py eager      # calls outside jit, as in a notebook
 
 Every candidate is compiled first (compile time reported), then the compiled programs are
 timed in interleaved rounds so that machine noise hits all candidates alike (median
@@ -30,6 +31,7 @@ import time
 
 import equinox as eqx
 import jax
+import jax.lax as lax
 import jax.numpy as jnp
 from benchmarks.measure import (
     compile_all,
@@ -59,6 +61,7 @@ from benchmarks.scenarios import (
 )
 
 import pscan
+import pscan.nn
 
 
 def _child_args(args, *names):
@@ -678,6 +681,48 @@ def precision(args):
             table_row([label, jp, errors, *times])
 
 
+def eager(args):
+    """Calls outside `jax.jit`, as in a notebook: the first call (tracing and
+    compiling included) and the median of later calls with new values of the same
+    shapes, against a `lax.scan` of the same cell called the same way."""
+    cell, xs, h0 = gru_problem(args.length, args.hidden)
+    c = args.chunk
+    step = lambda h, x: (cell(x, h), cell(x, h))
+    layer = pscan.nn.Recurrence(cell)
+    calls = {
+        "lax.scan": lambda xs: lax.scan(step, h0, xs)[1],
+        "recurrence, Sequential()": lambda xs: pscan.recurrence(cell, xs, h0).hs,
+        f"recurrence, Newton(chunk_size={c})": lambda xs: (
+            pscan.recurrence(cell, xs, h0, solver=pscan.Newton(chunk_size=c)).hs
+        ),
+        f"recurrence, ELK(chunk_size={c})": lambda xs: (
+            pscan.recurrence(cell, xs, h0, solver=pscan.ELK(chunk_size=c)).hs
+        ),
+        "nn.Recurrence(GRUCell), default solver": layer,
+        "associative_scan(jnp.maximum, chunked)": lambda xs: pscan.associative_scan(
+            jnp.maximum, xs, method="chunked"
+        ),
+    }
+    inputs = [xs + 1e-3 * i for i in range(args.repeats + 1)]
+    print(
+        f"# GRU 1 -> {args.hidden}, T = {args.length}, jax {jax.__version__}, "
+        f"backend {jax.default_backend()}, later calls: median of {args.repeats}"
+    )
+    rows, base = [], None
+    for name, call in calls.items():
+        seconds = []
+        for x in inputs:
+            start = time.perf_counter()
+            jax.block_until_ready(call(x))
+            seconds.append(time.perf_counter() - start)
+        later = sorted(seconds[1:])[len(seconds[1:]) // 2]
+        base = later if base is None else base
+        row = [name, f"{seconds[0]:.3f}", f"{1e3 * later:.1f}", f"{later / base:.2f}x"]
+        rows.append(row)
+    header = ["call", "first call (s)", "later calls (ms)", "later vs lax.scan"]
+    print_table(header, rows)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -757,6 +802,11 @@ def main():
     p.add_argument("--chunk", type=int, default=128)
     p.add_argument("--repeats", type=int, default=11)
     p.add_argument("--skip", default="", help="comma-separated name fragments")
+    p = sub.add_parser("eager", help="calls outside jit: first and later calls")
+    p.add_argument("--length", type=int, default=1000)
+    p.add_argument("--hidden", type=int, default=8)
+    p.add_argument("--chunk", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=5)
     p = sub.add_parser("sharding", help="sharded linear recurrence on host devices")
     p.add_argument("--length", type=int, default=2**20)
     p.add_argument("--channels", type=int, default=32)
@@ -768,6 +818,7 @@ def main():
     commands = {"linear": linear, "solvers": solvers, "seed": seed, "gradmem": gradmem}
     commands.update(warmstart=warmstart, sharding=sharding, deer=deer, chaos=chaos)
     commands.update(packed=packed, compile=compile_times, precision=precision)
+    commands.update(eager=eager)
     commands[args.what](args)
 
 

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, PyTree
 
 from ._chunking import default_chunk_size, from_chunks, to_chunks
+from ._eager import compiled_when_eager
 
 ScanMethod = Literal["sequential", "associative", "chunked"]
 SCAN_METHODS = ("sequential", "associative", "chunked")
@@ -233,6 +234,8 @@ def associative_scan(
 ) -> PyTree[Array]:
     """The inclusive scan of `elems` under an associative `combine`: element `t` of the
     result is `combine` folded over elements `0..t` (over `t..T-1` if `reverse`).
+    Called eagerly, compiled once for each configuration (the same `combine`, shapes,
+    dtypes and arguments), as `pscan.recurrence` is.
 
     **Arguments:**
 
@@ -293,13 +296,26 @@ def associative_scan(
     elems = _tree_map(jnp.asarray, elems)
     if shapes[0][0] == 0:
         return elems
+    # in eager mode compiled once for a configuration (the same `combine`, shapes and
+    # arguments), not traced and compiled anew at every call
+    return _scan(combine, elems, reverse, method, chunk_size, axis_name)
+
+
+def scan_elements(combine, elems, reverse: bool, method: str, chunk_size, axis_name):
+    """`associative_scan` without its checks, for pscan's own scans (inside their
+    callers' traces): `elems` arrays with a common leading axis of length >= 1,
+    `method` one of `SCAN_METHODS`."""
     if method == "associative":
         local = lax.associative_scan(combine, elems, reverse=reverse)
     elif method == "sequential":
         local = _sequential(combine, elems, reverse=reverse)
     else:
-        size = chunk_size or default_chunk_size(shapes[0][0])
+        length = jax.tree_util.tree_leaves(elems)[0].shape[0]
+        size = chunk_size or default_chunk_size(length)
         local = _chunked(combine, elems, reverse=reverse, chunk_size=size)
     if axis_name is None:
         return local
     return _across_devices(combine, local, axis_name=axis_name, reverse=reverse)
+
+
+_scan = compiled_when_eager(scan_elements)

@@ -24,7 +24,7 @@ import numpy as np
 from jax.interpreters import ad, batching, mlir
 from jaxtyping import Array, ArrayLike, Bool, Inexact, Int
 
-from ._associative import associative_scan, at_step, auto_method, doubling, fold
+from ._associative import at_step, auto_method, doubling, fold, scan_elements
 from ._axis import like_inputs
 from ._blocks import block_matmul
 from ._chunking import default_chunk_size, from_chunks, shift_in, to_chunks
@@ -146,7 +146,7 @@ def _associative(a, b, h0, *, reverse: bool, dense: bool, zero_h0: bool):
         )
         return a_c, _apply(a_l, b_e, dense) + b_l
 
-    products, hs = associative_scan(combine, (a, b), reverse=reverse)
+    products, hs = scan_elements(combine, (a, b), reverse, "associative", None, None)
     return hs if zero_h0 else hs + _apply(products, h0, dense)
 
 

@@ -8,6 +8,7 @@ from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, ArrayLike, Bool, Int, PyTree
 
 from ._cell import cell_parts
+from ._eager import compiled_when_eager
 from ._precision import TwoPrecisionCell
 from ._segments import segment_masks
 from ._solution import RESULTS, Solution
@@ -51,6 +52,13 @@ def recurrence(
     sequentially after `max_iters`). Forward mode (`jax.jvp`, `jax.jacfwd`) is implicit
     the same way, the same recurrence solved in forward time. Second derivatives
     through `Picard`, `Newton` and `ELK` raise `NotImplementedError`.
+
+    Called eagerly (outside `jax.jit`, `jax.grad`, `jax.vmap`, ...), the solve is
+    compiled once for each configuration: the shapes and dtypes of the arrays, the
+    cell's structure and non-array fields, the solver and the other arguments; a
+    later call with new values runs that program at once (a plain-function cell is a
+    new configuration whenever it is a new function object). Under a transformation
+    it is traced into the caller's program.
 
     **Arguments:**
 
@@ -113,6 +121,31 @@ def recurrence(
 
 
 def _recurrence(cell, xs, h0, solver, throw, guess, reverse, resets, length):
+    """The solve (`_solve`: in eager mode compiled once for a configuration). A
+    plain-function cell is closure-converted first, here: its closed-over arrays
+    (tracers, under a transformation) enter the solve as the leaves of a module, as
+    a module's parameters do."""
+    if not isinstance(cell, eqx.Module):
+        _, _, h0, x0 = _checked(cell, xs, h0)
+        # a function that closes over arrays (`lambda x, h: jnp.tanh(W @ h + x)`): its
+        # closed-over arrays become leaves of the cell, parameters as a module's are,
+        # so that the solvers' implicit derivatives see them (closed over, they would
+        # leak out of the custom rules as tracers)
+        converted = eqx.filter_closure_convert(cell, x0, h0)
+        jacobian_precision = solver.jacobian_matrix_precision()
+        if jacobian_precision is not None:  # its products take the precision of the
+            # trace: one conversion for the solver's Jacobians, one for the rest
+            with jax.default_matmul_precision(jacobian_precision):
+                jacobian = eqx.filter_closure_convert(cell, x0, h0)
+            converted = TwoPrecisionCell(converted, jacobian)
+        cell = converted
+    return _solve(cell, xs, h0, solver, throw, guess, reverse, resets, length)
+
+
+def _checked(cell, xs, h0):
+    """`(steps, xs, h0, x0)`: the inputs as arrays, checked against each other and the
+    cell (`x0` the first step's inputs), or a `ValueError` that says what does not
+    fit."""
     leaves = jax.tree_util.tree_leaves(xs)
     if not leaves or any(jnp.ndim(x) == 0 for x in leaves):
         raise ValueError(
@@ -126,12 +159,6 @@ def _recurrence(cell, xs, h0, solver, throw, guess, reverse, resets, length):
             f"axis, got shapes {[jnp.shape(x) for x in leaves]}"
         )
     steps = lengths.pop()
-    axis_name = getattr(solver, "axis_name", None)
-    if reverse and axis_name is not None:
-        raise ValueError(
-            "pscan.recurrence: `reverse=True` cannot be combined with a solver's "
-            f"`axis_name` ({axis_name!r}): flip the sequence across devices yourself"
-        )
     xs = jax.tree_util.tree_map(jnp.asarray, xs)
     h0 = jax.tree_util.tree_map(jnp.asarray, h0)
     h_leaves = jax.tree_util.tree_leaves(h0)
@@ -156,20 +183,22 @@ def _recurrence(cell, xs, h0, solver, throw, guess, reverse, resets, length):
             f"pscan.recurrence: `cell(x_t, h)` must return a state like `h0` "
             f"{_shape_tree(h0)}, got {_shape_tree(out)}"
         )
+    return steps, xs, h0, x0
 
-    if not isinstance(cell, eqx.Module):
-        # a function that closes over arrays (`lambda x, h: jnp.tanh(W @ h + x)`): its
-        # closed-over arrays become leaves of the cell, parameters as a module's are,
-        # so that the solvers' implicit derivatives see them (closed over, they would
-        # leak out of the custom rules as tracers)
-        converted = eqx.filter_closure_convert(cell, x0, h0)
-        jacobian_precision = solver.jacobian_matrix_precision()
-        if jacobian_precision is not None:  # its products take the precision of the
-            # trace: one conversion for the solver's Jacobians, one for the rest
-            with jax.default_matmul_precision(jacobian_precision):
-                jacobian = eqx.filter_closure_convert(cell, x0, h0)
-            converted = TwoPrecisionCell(converted, jacobian)
-        cell = converted
+
+@compiled_when_eager
+def _solve(cell, xs, h0, solver, throw, guess, reverse, resets, length):
+    """The solve of a module cell: inside a trace, part of the caller's program; in
+    eager mode, compiled once for each configuration (arrays' shapes and dtypes, the
+    cell's structure, the solver, the Python arguments: `compiled_when_eager`)."""
+    steps, xs, h0, _ = _checked(cell, xs, h0)
+    h_leaves = jax.tree_util.tree_leaves(h0)
+    axis_name = getattr(solver, "axis_name", None)
+    if reverse and axis_name is not None:
+        raise ValueError(
+            "pscan.recurrence: `reverse=True` cannot be combined with a solver's "
+            f"`axis_name` ({axis_name!r}): flip the sequence across devices yourself"
+        )
     h0_flat, unravel_flat = ravel_pytree(h0)
     # complex states are solved as real vectors (real parts, then imaginary parts): the
     # solvers' Jacobians are then real `2d x 2d` matrices, right for any cell,

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec
 
+from ._eager import compiled_when_eager
 from ._linear import linear_recurrence
 from ._recurrence import raise_on_failure, recurrence
 from ._segments import segment_masks
@@ -68,12 +69,21 @@ def sharded_linear_recurrence(
     `linear_recurrence` raises for its arguments.
     """
     _check_axis("sharded_linear_recurrence", mesh, axis_name)
-    b = jnp.asarray(b)
-    a = jnp.asarray(a)
-    if b.ndim == 0:
+    if jnp.ndim(b) == 0:
         raise ValueError(
             "pscan.sharded_linear_recurrence: `b` must have a leading time axis, got a scalar"
         )
+    args = (a, b, h0, mesh, axis_name, reverse, method, chunk_size, resets, length)
+    return _sharded_linear(*args)
+
+
+# in eager mode compiled once for a configuration, not at every call
+@compiled_when_eager
+def _sharded_linear(
+    a, b, h0, mesh, axis_name, reverse, method, chunk_size, resets, length
+):
+    b = jnp.asarray(b)
+    a = jnp.asarray(a)
     steps = b.shape[0]
     devices = mesh.shape[axis_name]
     timed = a.ndim >= b.ndim and a.shape[0] == steps and steps > 1
@@ -173,11 +183,18 @@ def sharded_recurrence(
     """
     check_solver("sharded_recurrence", solver, AbstractShootingSolver)
     _check_axis("sharded_recurrence", mesh, axis_name)
-    solver = dataclasses.replace(solver, axis_name=axis_name)
     leaves = jax.tree_util.tree_leaves(xs)
     if not leaves or jnp.ndim(leaves[0]) == 0:
         raise ValueError("pscan.sharded_recurrence: `xs` must have a leading time axis")
-    steps = jnp.shape(leaves[0])[0]
+    args = (cell, xs, h0, solver, mesh, axis_name, throw, resets, length)
+    return _sharded_recurrence(*args)
+
+
+# in eager mode compiled once for a configuration, not at every call
+@compiled_when_eager
+def _sharded_recurrence(cell, xs, h0, solver, mesh, axis_name, throw, resets, length):
+    solver = dataclasses.replace(solver, axis_name=axis_name)
+    steps = jnp.shape(jax.tree_util.tree_leaves(xs)[0])[0]
     block = mesh.shape[axis_name] * solver.chunk_size
     pad = -steps % block
     resets = _padded_resets("sharded_recurrence", resets, steps, pad)
@@ -196,8 +213,8 @@ def sharded_recurrence(
         sol = recurrence(cell, xs, h0, solver=solver, throw=False, **masks)
         return sol.hs, sol.result, sol.stats
 
-    # traced even when called eagerly: an eager shard_map cannot run the solver's
-    # custom VJP
+    # traced even inside an eager call's trace of its own (an eager shard_map cannot
+    # run the solver's custom VJP)
     hs, result, stats = eqx.filter_jit(
         jax.shard_map(
             solve,

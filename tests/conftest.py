@@ -38,3 +38,18 @@ def _release_compiled_programs():
     if _mappings() > _MAX_MAPPINGS:
         jax.clear_caches()
         gc.collect()
+
+
+@pytest.fixture
+def traced_as(monkeypatch):
+    """`traced_as(name)`: from then on programs are traced as for the backend `name`
+    (`jax.default_backend()` says so), and none traced before is reused, nor one
+    traced here afterwards (pscan's solves are compiled once for a configuration,
+    and the backend they were traced for is not part of it)."""
+
+    def patch(name: str):
+        jax.clear_caches()
+        monkeypatch.setattr(jax, "default_backend", lambda: name)
+
+    yield patch
+    jax.clear_caches()

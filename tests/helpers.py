@@ -1,5 +1,6 @@
 """Shared test helpers: random problems and float64 references."""
 
+import contextlib
 import re
 
 import equinox as eqx
@@ -229,3 +230,20 @@ def assert_exact_derivatives(
         lambda: jax.jvp(lambda *a: run(cell, *a), (xs, h0), tangents)[1]
     )
     assert_allclose(jvp(ours)(), jvp(scan_cell)())
+
+
+@contextlib.contextmanager
+def compiles():
+    """The XLA compilations inside the block: yields a list that collects the name
+    of every program compiled there."""
+    names = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            names.append(kwargs.get("fun_name"))
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield names
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)

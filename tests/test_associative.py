@@ -10,7 +10,7 @@ from jax.test_util import check_grads
 
 import pscan
 
-from .helpers import assert_allclose
+from .helpers import assert_allclose, compiles
 
 METHODS = [("sequential", None), ("associative", None), ("chunked", 4), ("chunked", 1)]
 
@@ -133,3 +133,15 @@ def test_bad_input(kwargs, match):
     kwargs = {"elems": np.ones(3), **kwargs}
     with pytest.raises(ValueError, match=match):
         pscan.associative_scan(jnp.add, **kwargs)
+
+
+def test_eager_calls_compile_once():
+    """Called eagerly with the same combine and shapes, a scan is compiled once."""
+    x = jax.random.normal(jax.random.PRNGKey(0), (50, 3))
+    scan = lambda x: pscan.associative_scan(jnp.maximum, x, method="chunked")
+    scan(x)
+    y = x + 1.0
+    with compiles() as names:
+        out = scan(y)
+    assert names == []
+    assert_allclose(out, np.maximum.accumulate(np.asarray(y), axis=0))

@@ -18,13 +18,9 @@ from .helpers import (
 
 
 @pytest.fixture
-def tpu(monkeypatch):
-    """Traced as for a TPU: `jax.default_backend()` says so, and no program traced
-    for the CPU is reused (nor one traced here afterwards)."""
-    jax.clear_caches()
-    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
-    yield
-    jax.clear_caches()
+def tpu(traced_as):
+    """Traced as for a TPU (see `traced_as`)."""
+    traced_as("tpu")
 
 
 def _draw(seed, shape, dtype):
@@ -33,11 +29,11 @@ def _draw(seed, shape, dtype):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.complex64, jnp.bfloat16])
 @pytest.mark.parametrize("backend", ["cpu", "tpu"])
-def test_block_matmul_is_matmul(monkeypatch, backend, dtype):
+def test_block_matmul_is_matmul(traced_as, backend, dtype):
     """The product of every pair of blocks, batch axes broadcast, blocks not square,
     in the inputs' dtype: by `jnp.matmul` on CPU (one matrix product at full
     precision), and traced as for a TPU elementwise, without a matrix product."""
-    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    traced_as(backend)
     a = _draw(0, (5, 1, 3, 4), dtype)
     b = _draw(1, (1, 6, 4, 2), dtype)
     out = block_matmul(a, b)
@@ -95,12 +91,12 @@ def test_gauss_jordan_solves_like_lu():
 
 
 @pytest.mark.parametrize("backend", ["cpu", "tpu"])
-def test_spd_solve_solves_like_lu(backend, monkeypatch):
+def test_spd_solve_solves_like_lu(backend, traced_as):
     """The smoother's gains, `(F P F^T + I)^{-1} F P`, by Cholesky (on a TPU, by
     elimination): against LU (float64, batches of blocks), in bfloat16 (factorised in
     float32, by either), and complex blocks, which are not Hermitian there and go to
     LU."""
-    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    traced_as(backend)
     keys = jax.random.split(jax.random.PRNGKey(6), 4)
     f = jax.random.normal(keys[0], (3, 2, 6, 6), jnp.float64)
     p = jax.random.normal(keys[1], (3, 2, 6, 6), jnp.float64)

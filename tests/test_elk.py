@@ -164,7 +164,7 @@ def test_exact_prefix_survives_starts_at_the_bound():
     assert float(jnp.max(jnp.abs(sol.hs - jax.vmap(cell)(xs[:length], prev)))) <= 1e-5
 
 
-def test_tpu_path_matches_sequential(monkeypatch):
+def test_tpu_path_matches_sequential(monkeypatch, traced_as):
     """What ELK runs on a TPU (the dense Kalman combine scanned in chunks, its blocks
     solved by elimination), traced here as if the backend were one: the sequential
     answer, in as many iterations as the default path."""
@@ -176,7 +176,7 @@ def test_tpu_path_matches_sequential(monkeypatch):
     monkeypatch.setattr(_blocks, "_gauss_jordan", spy)
     here = pscan.recurrence(cell, xs, h0, solver=solver)
     assert not traced
-    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    traced_as("tpu")
     # chunks of about sqrt(K) / 3 rows, a power of 2 in 16..64
     sizes = [solver._scan_method(k) for k in (37, 2000, 10000, 50000)]
     assert sizes == [("chunked", c) for c in (16, 16, 32, 64)]

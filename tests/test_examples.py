@@ -195,6 +195,12 @@ ROOT = pathlib.Path(__file__).parent.parent
         ),
         (
             "asv_bench/tables.py",
+            ["eager", "--length", "32", "--hidden", "3", "--chunk", "8"]
+            + ["--repeats", "2"],
+            "| recurrence, Newton(chunk_size=8) | ",
+        ),
+        (
+            "asv_bench/tables.py",
             ["chaos", "--length", "48", "--cells", "2,mild"],
             "| AR-GRU (16, 5.0, 5.0) | Newton(chunk_size=16) | True | ",
         ),

@@ -50,11 +50,11 @@ def test_jacobians_in_groups_of_columns(width, stacked):
 
 @pytest.mark.parametrize("backend", ["cpu", "tpu"])
 @pytest.mark.parametrize("chunk", [1, 4, 8, 40])
-def test_operators(chunk, backend, monkeypatch):
+def test_operators(chunk, backend, traced_as):
     """`linearise` over K chunks (each `x_k` a chunk of `chunk` inputs, summed here),
     then `mv`, `transpose`, `rows`, `scale`, `finite` and `coefficients`; also as
     traced for a TPU (which stacks one-step chunks' column groups)."""
-    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    traced_as(backend)
     k = 3
     starts = jax.random.normal(jax.random.PRNGKey(1), (k, 5))
     xs = jax.random.normal(jax.random.PRNGKey(2), (k, chunk, 5))
@@ -100,12 +100,12 @@ def test_operators(chunk, backend, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", ["cpu", "gpu"])
-def test_one_more_chunk_against_cache_aliasing(backend, monkeypatch):
+def test_one_more_chunk_against_cache_aliasing(backend, monkeypatch, traced_as):
     """On CPU, when the K chunks' rows of state take a multiple of `_ALIASING_BYTES`
     (2 KiB: rows that far apart share cache sets, and the lockstep pass over the
     chunks ran 1.5-3x slower), the forward-mode pass runs one more chunk and drops its
     outputs: the same operators and values. Elsewhere, and for one-step chunks, not."""
-    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    traced_as(backend)
     k, d = 8, 5
     starts = jax.random.normal(jax.random.PRNGKey(1), (k, d))
     xs = jax.random.normal(jax.random.PRNGKey(2), (k, 8, d))
@@ -137,13 +137,15 @@ def test_one_more_chunk_against_cache_aliasing(backend, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", ["cpu", "gpu"])
-def test_groups_of_one_more_chunk_against_cache_aliasing(backend, monkeypatch):
+def test_groups_of_one_more_chunk_against_cache_aliasing(
+    backend, monkeypatch, traced_as
+):
     """The diagonal Jacobians of chunks of 2-7 steps are built over groups of chunks
     in turn (`32 / C` groups): on CPU, where a group's rows of state would take a
     multiple of `_ALIASING_BYTES` (and one more row would not), the groups take one
     more chunk each (the last overlapping the one before): the same diagonals and
     values, for any number of chunks."""
-    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    traced_as(backend)
     d, c = 5, 4  # 8 groups
     end = lambda s, x: f(s, jnp.sum(x, axis=0))
     slices = lambda k, xs: str(
@@ -166,7 +168,7 @@ def test_groups_of_one_more_chunk_against_cache_aliasing(backend, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", ["cpu", "tpu"])
-def test_diagonal_of_longer_chunks_in_groups_on_a_tpu(backend, monkeypatch):
+def test_diagonal_of_longer_chunks_in_groups_on_a_tpu(backend, traced_as):
     """On a TPU the diagonals of chunks of 8 or more steps are built as those of
     shorter chunks, 32 products at once over `32 / C` groups of chunks (a loop of
     `max(32, C)` steps, not `8 d`); on CPU a few products at once over all chunks.
@@ -176,7 +178,7 @@ def test_diagonal_of_longer_chunks_in_groups_on_a_tpu(backend, monkeypatch):
     xs = jax.random.normal(jax.random.PRNGKey(2), (k, c, d))
     end = lambda s, x: f(s, jnp.sum(x, axis=0))
     want = pscan.DiagonalJacobian.linearise(end, starts, xs, value=True)
-    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    traced_as(backend)
     jaxpr = str(
         jax.make_jaxpr(lambda s: pscan.DiagonalJacobian.linearise(end, s, xs))(starts)
     )

@@ -16,7 +16,7 @@ from .helpers import assert_allclose
 @pytest.mark.parametrize("backend", ["cpu", "tpu"])
 @pytest.mark.parametrize("structure", ["dense", "diagonal"])
 def test_kalman_steps_are_least_squares_minimisers(
-    structure, backend, method, monkeypatch
+    structure, backend, method, monkeypatch, traced_as
 ):
     """The damped steps against a direct least-squares solve (float64): the smoother's
     is the minimiser over all rows, the filter's row `k` the last row of the minimiser
@@ -27,7 +27,7 @@ def test_kalman_steps_are_least_squares_minimisers(
     that a TPU uses."""
     eliminated = []
     if backend == "tpu":
-        monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+        traced_as("tpu")
         eliminate = _blocks._gauss_jordan
         spy = lambda m, b: eliminated.append(m.shape) or eliminate(m, b)
         monkeypatch.setattr(_blocks, "_gauss_jordan", spy)

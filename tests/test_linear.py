@@ -133,10 +133,10 @@ def test_auto_method():
         ("gpu", 40, "chunked"),
     ],
 )
-def test_auto_method_by_backend_and_length(monkeypatch, backend, length, expected):
+def test_auto_method_by_backend_and_length(traced_as, backend, length, expected):
     # the rule as measured (docs/benchmarks.md), traced only: nothing runs on the
     # pretended backend
-    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    traced_as(backend)
     b = jnp.zeros((length, 2))
     jaxpr = jax.make_jaxpr(lambda b: pscan.linear_recurrence(0.5, b))(b)
     assert f"method={expected}" in str(jaxpr)

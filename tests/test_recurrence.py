@@ -16,6 +16,7 @@ from .helpers import (
     ElmanCell,
     assert_allclose,
     assert_exact_derivatives,
+    compiles,
     dot_precisions,
     scan_cell,
     to_dtype,
@@ -142,7 +143,7 @@ def test_gradients_match_scan_autodiff(solver, cell_name):
         np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-10)
 
 
-def test_deer_as_traced_for_a_tpu(monkeypatch):
+def test_deer_as_traced_for_a_tpu(monkeypatch, traced_as):
     """DEER on a TPU builds its Jacobians' column groups stacked (`_stacked`), not in
     place: traced here as if the backend were one, with 20 state entries (two groups
     of 16, the second overlapping), the states and the gradient are those of the
@@ -161,7 +162,7 @@ def test_deer_as_traced_for_a_tpu(monkeypatch):
     stack = _jacobian._stacked
     spy = lambda *a: traced.append(a[1].shape) or stack(*a)
     monkeypatch.setattr(_jacobian, "_stacked", spy)
-    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    traced_as("tpu")
     there = run()
     assert traced  # the forward's Jacobians and the gradient's transposes
     assert there[0].result == pscan.RESULTS.successful
@@ -994,3 +995,23 @@ def test_jacobians_at_their_own_precision_with_segments(kind, monkeypatch):
         (jax.lax.Precision.DEFAULT,) * 2,
     }
     assert_allclose(run(solver), run(pscan.Sequential()), jnp.float32)
+
+
+@pytest.mark.parametrize("solver", ["sequential", "shooting", "elk"])
+def test_eager_calls_compile_once(solver):
+    """Called eagerly, a solve is compiled once for a configuration: a later call with
+    new inputs, a new initial state and a cell of new values (the same shapes and
+    structure) compiles nothing and gives its own answer; a new shape compiles."""
+    cell, h0 = make_cell("gru")
+    xs = make_xs(LENGTH)
+    run = lambda c, x, h: pscan.recurrence(c, x, h, solver=SOLVERS[solver]).hs
+    run(cell, xs, h0)
+    moved = jax.tree_util.tree_map(lambda x: 1.01 * x, cell)
+    xs2, h02 = xs + 0.5, h0 - 0.2
+    with compiles() as names:
+        hs = run(moved, xs2, h02)
+    assert names == []
+    assert_allclose(hs, scan_cell(moved, xs2, h02))
+    with compiles() as names:
+        run(cell, xs[:-1], h0)
+    assert names

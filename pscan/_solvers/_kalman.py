@@ -6,7 +6,7 @@ steps in a loop, on dense `(d, d)` or diagonal `(d,)` dynamics."""
 import jax.lax as lax
 import jax.numpy as jnp
 
-from .._associative import associative_scan
+from .._associative import scan_elements
 from .._axis import global_rows, shift_backward, shift_forward
 from .._blocks import block_matmul, block_solve, block_solve_spd
 from ._jacobian import DenseJacobian, DiagonalJacobian
@@ -195,13 +195,8 @@ def kalman(
     # a loop over the whole sequence (no `axis_name`: no other device's rows before
     # these) runs from its first row, and back from its last
     from_start = method == "sequential" and axis_name is None
-    scan = lambda combine, elements, reverse: associative_scan(
-        combine,
-        elements,
-        reverse=reverse,
-        method=method,
-        chunk_size=chunk_size,
-        axis_name=axis_name,
+    scan = lambda combine, elements, reverse: scan_elements(
+        combine, elements, reverse, method, chunk_size, axis_name
     )
     if from_start:
         means, covs = _filtered(alg, f, u, y, kappa)

@@ -186,16 +186,26 @@ def test_check_grads(solver):
     check_grads(jax.jit(f), (xs, h0, cell.u), order=1, modes=["fwd", "rev"])
 
 
-@pytest.mark.parametrize("solver", ["picard", "elk"])
+@pytest.mark.parametrize("solver", ["picard", "shooting", "elk"])
 def test_second_order_refused(solver):
-    """Second derivatives through the implicit rules would miss terms: refused."""
+    """Second derivatives through the implicit rules would miss terms: refused, also
+    where the first derivative is a compiled call's (`jax.hessian(jax.jit(f))` gave
+    zeros), with respect to `h0` or the cell's parameters, forward over reverse."""
     cell, h0 = make_cell("elman", n_hidden=2)
     xs = make_xs(5)
-    f = lambda h0: jnp.sum(
-        pscan.recurrence(cell, xs, h0, solver=SOLVERS[solver]).hs ** 2
+    f = lambda c, h0: jnp.sum(
+        pscan.recurrence(c, xs, h0, solver=SOLVERS[solver]).hs ** 2
     )
-    with pytest.raises(NotImplementedError, match="second order.*ELK"):
-        jax.hessian(f)(h0)
+    wrt_h0 = lambda h0: f(cell, h0)
+    wrt_u = lambda u: f(eqx.tree_at(lambda c: c.u, cell, u), h0)
+    for second in (
+        lambda: jax.hessian(wrt_h0)(h0),
+        lambda: jax.hessian(jax.jit(wrt_h0))(h0),
+        lambda: jax.hessian(eqx.filter_jit(wrt_u))(cell.u),
+        lambda: jax.jvp(jax.jit(jax.grad(wrt_h0)), (h0,), (h0,)),
+    ):
+        with pytest.raises(NotImplementedError, match="second order.*ELK"):
+            second()
 
 
 SHOOTING = [k for k in SOLVERS if k not in ("sequential", "checkpointed")]

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, PyTree
 
 from ._chunking import default_chunk_size, from_chunks, to_chunks
-from ._eager import compiled_when_eager
+from ._eager import compiled_when_eager, compiles_once
 
 ScanMethod = Literal["sequential", "associative", "chunked"]
 SCAN_METHODS = ("sequential", "associative", "chunked")
@@ -234,8 +234,10 @@ def associative_scan(
 ) -> PyTree[Array]:
     """The inclusive scan of `elems` under an associative `combine`: element `t` of the
     result is `combine` folded over elements `0..t` (over `t..T-1` if `reverse`).
-    Called eagerly, compiled once for each configuration (the same `combine`, shapes,
-    dtypes and arguments), as `pscan.recurrence` is.
+    Called eagerly with a `combine` of JAX's own (`jnp.maximum`) or an Equinox
+    module, compiled once for each configuration (the same `combine`, shapes, dtypes
+    and arguments), as `pscan.recurrence` is; a plain function is traced anew at
+    every eager call.
 
     **Arguments:**
 
@@ -297,8 +299,10 @@ def associative_scan(
     if shapes[0][0] == 0:
         return elems
     # in eager mode compiled once for a configuration (the same `combine`, shapes and
-    # arguments), not traced and compiled anew at every call
-    return _scan(combine, elems, reverse, method, chunk_size, axis_name)
+    # arguments), not traced and compiled anew at every call; a plain function
+    # `combine` may read globals that change between calls: traced at every call
+    scan = _scan if compiles_once(combine) else scan_elements
+    return scan(combine, elems, reverse, method, chunk_size, axis_name)
 
 
 def scan_elements(combine, elems, reverse: bool, method: str, chunk_size, axis_name):

@@ -21,13 +21,18 @@ def compiled_when_eager(fn: Callable) -> Callable:
     and hide the implicit rules' refusal of second derivatives, which then came out
     as zeros.
 
+    A function among the arguments is part of the configuration: what it reads
+    besides its arguments (a global array) is read when the program is compiled, as
+    under `jax.jit`. So user functions that may read such values go to `fn` itself
+    (`__wrapped__`) unless `compiles_once` says otherwise.
+
     **Arguments:**
 
     - `fn`: a function of positional arguments (pytrees).
 
     **Returns:**
 
-    A function with `fn`'s signature.
+    A function with `fn`'s signature; `fn` itself as its `__wrapped__`.
     """
     compiled = eqx.filter_jit(fn)
 
@@ -39,3 +44,16 @@ def compiled_when_eager(fn: Callable) -> Callable:
         return compiled(*args)
 
     return call
+
+
+def compiles_once(fn: Callable) -> bool:
+    """Whether a user's callable can be compiled into a program that later calls
+    reuse: an Equinox module (its arrays are leaves, passed anew at every call) or a
+    function of JAX itself (`jnp.maximum`). A plain function is not: it may read a
+    global array that a notebook reassigns between calls (`W = ...; def cell(x, h):
+    return jnp.tanh(W @ h + x)`), which a compiled program would keep from its first
+    call: a stale answer, silently."""
+    if isinstance(fn, eqx.Module):
+        return True
+    module = getattr(fn, "__module__", None) or ""
+    return module == "jax" or module.startswith("jax.")

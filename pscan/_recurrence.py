@@ -8,7 +8,7 @@ from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, ArrayLike, Bool, Int, PyTree
 
 from ._cell import cell_parts
-from ._eager import compiled_when_eager
+from ._eager import compiled_when_eager, compiles_once
 from ._precision import TwoPrecisionCell
 from ._segments import segment_masks
 from ._solution import RESULTS, Solution
@@ -53,12 +53,14 @@ def recurrence(
     the same way, the same recurrence solved in forward time. Second derivatives
     through `Picard`, `Newton` and `ELK` raise `NotImplementedError`.
 
-    Called eagerly (outside `jax.jit`, `jax.grad`, `jax.vmap`, ...), the solve is
-    compiled once for each configuration: the shapes and dtypes of the arrays, the
-    cell's structure and non-array fields, the solver and the other arguments; a
-    later call with new values runs that program at once (a plain-function cell is a
-    new configuration whenever it is a new function object). Under a transformation
-    it is traced into the caller's program.
+    Called eagerly (outside `jax.jit`, `jax.grad`, `jax.vmap`, ...) with a module
+    cell, the solve is compiled once for each configuration, as `eqx.filter_jit`
+    compiles: the shapes and dtypes of the arrays, the cell's structure and non-array
+    fields, the solver and the other arguments; a later call with new values runs that
+    program at once. (What the cell reads from outside its fields, a global array, is
+    read when it is compiled, as under `jax.jit`.) A plain-function cell is traced
+    anew at every eager call. Under a transformation the solve is traced into the
+    caller's program.
 
     **Arguments:**
 
@@ -125,6 +127,9 @@ def _recurrence(cell, xs, h0, solver, throw, guess, reverse, resets, length):
     plain-function cell is closure-converted first, here: its closed-over arrays
     (tracers, under a transformation) enter the solve as the leaves of a module, as
     a module's parameters do."""
+    # a plain function cell is traced at every eager call, as before: it may read
+    # globals that change between calls (`compiles_once`)
+    solve = _solve if compiles_once(cell) else _solve.__wrapped__
     if not isinstance(cell, eqx.Module):
         _, _, h0, x0 = _checked(cell, xs, h0)
         # a function that closes over arrays (`lambda x, h: jnp.tanh(W @ h + x)`): its
@@ -139,7 +144,7 @@ def _recurrence(cell, xs, h0, solver, throw, guess, reverse, resets, length):
                 jacobian = eqx.filter_closure_convert(cell, x0, h0)
             converted = TwoPrecisionCell(converted, jacobian)
         cell = converted
-    return _solve(cell, xs, h0, solver, throw, guess, reverse, resets, length)
+    return solve(cell, xs, h0, solver, throw, guess, reverse, resets, length)
 
 
 def _checked(cell, xs, h0):

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec
 
-from ._eager import compiled_when_eager
+from ._eager import compiled_when_eager, compiles_once
 from ._linear import linear_recurrence
 from ._recurrence import raise_on_failure, recurrence
 from ._segments import segment_masks
@@ -187,6 +187,8 @@ def sharded_recurrence(
     if not leaves or jnp.ndim(leaves[0]) == 0:
         raise ValueError("pscan.sharded_recurrence: `xs` must have a leading time axis")
     args = (cell, xs, h0, solver, mesh, axis_name, throw, resets, length)
+    if not compiles_once(cell):  # may read globals: traced at every eager call
+        return _sharded_recurrence.__wrapped__(*args)
     return _sharded_recurrence(*args)
 
 

@@ -1,6 +1,8 @@
 """`pscan.associative_scan`: any associative combine over a pytree, by every method,
 against a float64 loop in numpy; derivatives, vmap, and clear errors."""
 
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -145,3 +147,21 @@ def test_eager_calls_compile_once():
         out = scan(y)
     assert names == []
     assert_allclose(out, np.maximum.accumulate(np.asarray(y), axis=0))
+
+
+_SCALE = 1.0
+
+
+def _scaled_max(a, b):  # reads a global
+    return jnp.maximum(a, b) * _SCALE
+
+
+def test_eager_function_combine_reads_globals_afresh(monkeypatch):
+    """A plain-function `combine` is traced at every eager call: a global it reads,
+    changed between calls, changes the answer."""
+    x = jnp.arange(5.0)
+    before = pscan.associative_scan(_scaled_max, x, method="sequential")
+    assert_allclose(before, np.arange(5.0))
+    monkeypatch.setattr(sys.modules[__name__], "_SCALE", 2.0)
+    after = pscan.associative_scan(_scaled_max, x, method="sequential")
+    assert_allclose(after, [0.0, 2.0, 4.0, 8.0, 16.0])

@@ -1025,3 +1025,23 @@ def test_eager_calls_compile_once(solver):
     with compiles() as names:
         run(cell, xs[:-1], h0)
     assert names
+
+
+_GLOBAL_W = 0.5 * jnp.eye(3)
+
+
+def _global_cell(x, h):  # reads a global: no closure, a function of its module
+    return jnp.tanh(_GLOBAL_W @ h + x)
+
+
+@pytest.mark.parametrize("solver", ["sequential", "shooting"])
+def test_eager_function_cell_reads_globals_afresh(solver, monkeypatch):
+    """A plain-function cell is traced at every eager call: a global it reads, changed
+    between two calls, changes the answer (a program compiled once would keep the
+    first value: a stale answer, silently)."""
+    xs = make_xs(LENGTH, n_in=3)
+    h0 = jnp.zeros(3)
+    run = lambda: pscan.recurrence(_global_cell, xs, h0, solver=SOLVERS[solver]).hs
+    assert_allclose(run(), scan_cell(_global_cell, xs, h0))
+    monkeypatch.setattr(sys.modules[__name__], "_GLOBAL_W", -0.7 * jnp.eye(3))
+    assert_allclose(run(), scan_cell(_global_cell, xs, h0))

@@ -202,6 +202,9 @@ def _run_jvp(primals, tangents):
 
     def identity(v):
         anchor = sum(jnp.sum(_first_order_only(x)).real for x in residuals)
+        # across devices, summed over them: typed as the same on every device, so
+        # that the identity keeps each tangent's type (varying or not)
+        anchor = everywhere(anchor, solver.axis_name, lax.psum)
         one = lambda x: x * (1 + 0 * anchor).astype(x.dtype)
         return jax.tree_util.tree_map(one, v)
 

@@ -25,6 +25,7 @@ import argparse
 import dataclasses
 import importlib.metadata
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -708,17 +709,24 @@ def eager(args):
         f"# GRU 1 -> {args.hidden}, T = {args.length}, jax {jax.__version__}, "
         f"backend {jax.default_backend()}, later calls: median of {args.repeats}"
     )
-    rows, base = [], None
-    for name, call in calls.items():
-        seconds = []
-        for x in inputs:
-            start = time.perf_counter()
-            jax.block_until_ready(call(x))
-            seconds.append(time.perf_counter() - start)
-        later = sorted(seconds[1:])[len(seconds[1:]) // 2]
-        base = later if base is None else base
-        row = [name, f"{seconds[0]:.3f}", f"{1e3 * later:.1f}", f"{later / base:.2f}x"]
-        rows.append(row)
+
+    def seconds(call, x):
+        start = time.perf_counter()
+        jax.block_until_ready(call(x))
+        return time.perf_counter() - start
+
+    first = {name: seconds(call, inputs[0]) for name, call in calls.items()}
+    # the later calls in interleaved rounds, as the other tables time theirs
+    later = {name: [] for name in calls}
+    for x in inputs[1:]:
+        for name, call in calls.items():
+            later[name].append(seconds(call, x))
+    later = {name: statistics.median(ts) for name, ts in later.items()}
+    base = later["lax.scan"]
+    rows = [
+        [name, f"{first[name]:.3f}", f"{1e3 * t:.1f}", f"{t / base:.2f}x"]
+        for name, t in later.items()
+    ]
     header = ["call", "first call (s)", "later calls (ms)", "later vs lax.scan"]
     print_table(header, rows)
 

@@ -15,6 +15,7 @@ import jax.lax as lax
 import jax.numpy as jnp
 from jaxtyping import Array, PyTree
 
+from ._arguments import check_flag
 from ._chunking import default_chunk_size, from_chunks, to_chunks
 from ._eager import compiled_when_eager, compiles_once
 
@@ -265,10 +266,11 @@ def associative_scan(
 
     **Raises:**
 
-    `ValueError` at trace time for an unknown `method`, a `chunk_size` that is not a
-    positive integer (or given without `method="chunked"`), or leaves without a
-    common leading axis.
+    `ValueError` at trace time for an unknown `method`, a `reverse` that is not a bool,
+    a `chunk_size` that is not a positive integer (or given without
+    `method="chunked"`), or leaves without a common leading axis.
     """
+    reverse = check_flag("associative_scan", "reverse", reverse)
     if method not in SCAN_METHODS:
         raise ValueError(
             f"pscan.associative_scan: `method` must be one of {SCAN_METHODS}, got {method!r}"

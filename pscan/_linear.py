@@ -24,6 +24,7 @@ import numpy as np
 from jax.interpreters import ad, batching, mlir
 from jaxtyping import Array, ArrayLike, Bool, Inexact, Int
 
+from ._arguments import check_flag
 from ._associative import at_step, auto_method, doubling, fold, scan_elements
 from ._axis import like_inputs
 from ._blocks import block_matmul
@@ -507,9 +508,11 @@ def linear_recurrence(
     **Raises:**
 
     `ValueError` at trace time for arguments whose shapes or dtypes do not fit together,
-    an unknown `method`, a `chunk_size` that is not a positive integer, `resets` that
-    is not a boolean `(T,)` array, or a `length` that is not an integer scalar.
+    an unknown `method`, a `chunk_size` that is not a positive integer, a `reverse`
+    that is not a bool, `resets` that is not a boolean `(T,)` array, or a `length`
+    that is not an integer scalar.
     """
+    reverse = check_flag("linear_recurrence", "reverse", reverse)
     if method not in _METHODS:
         raise ValueError(
             f"pscan.linear_recurrence: `method` must be one of {_METHODS}, got {method!r}"

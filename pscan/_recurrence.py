@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, ArrayLike, Bool, Int, PyTree
 
+from ._arguments import check_flag
 from ._cell import cell_parts
 from ._eager import compiled_when_eager, compiles_once
 from ._precision import TwoPrecisionCell
@@ -108,10 +109,13 @@ def recurrence(
 
     **Raises:**
 
-    `ValueError` at trace time when `solver` is not a solver, `xs` has no common
-    leading axis, `h0` is not floating, or `cell` returns a state unlike `h0`.
+    `ValueError` at trace time when `solver` is not a solver, `throw` or `reverse` is
+    not a bool, `xs` has no common leading axis, `h0` is not floating, or `cell`
+    returns a state unlike `h0`.
     """
     check_solver("recurrence", solver)
+    throw = check_flag("recurrence", "throw", throw)
+    reverse = check_flag("recurrence", "reverse", reverse)
     args = (cell, xs, h0, solver, throw, guess, reverse, resets, length)
     precision = solver.matrix_precision()
     if precision is None:

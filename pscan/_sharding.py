@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec
 
+from ._arguments import check_flag
 from ._eager import compiled_when_eager, compiles_once
 from ._linear import linear_recurrence
 from ._recurrence import raise_on_failure, recurrence
@@ -69,6 +70,7 @@ def sharded_linear_recurrence(
     `linear_recurrence` raises for its arguments.
     """
     _check_axis("sharded_linear_recurrence", mesh, axis_name)
+    reverse = check_flag("sharded_linear_recurrence", "reverse", reverse)
     if jnp.ndim(b) == 0:
         raise ValueError(
             "pscan.sharded_linear_recurrence: `b` must have a leading time axis, got a scalar"
@@ -182,6 +184,7 @@ def sharded_recurrence(
     `axis_name` not in `mesh`, and whatever `pscan.recurrence` raises.
     """
     check_solver("sharded_recurrence", solver, AbstractShootingSolver)
+    throw = check_flag("sharded_recurrence", "throw", throw)
     _check_axis("sharded_recurrence", mesh, axis_name)
     leaves = jax.tree_util.tree_leaves(xs)
     if not leaves or jnp.ndim(leaves[0]) == 0:

@@ -129,6 +129,7 @@ def test_noncommutative_combine_order():
         (dict(method="chunked", chunk_size=0), "`chunk_size` must be a positive int"),
         (dict(elems=(np.ones(3), np.ones(4))), r"common leading \(time\) axis"),
         (dict(elems=np.float32(1.0)), r"common leading \(time\) axis"),
+        (dict(reverse="yes"), "`reverse` must be True or False, got 'yes'"),
     ],
 )
 def test_bad_input(kwargs, match):

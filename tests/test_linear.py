@@ -435,6 +435,11 @@ def test_no_buffer_copy_inside_loops(method, shared):
             r"the states must be floating or complex, but `a`, `b` have dtypes int32, int32",
         ),
         ((None, np.ones((5, 3))), {}, r"`a` is None, not an array"),
+        (
+            (np.ones((5, 3)), np.ones((5, 3))),
+            {"reverse": 1},
+            r"`reverse` must be True or False, got 1",
+        ),
         ((np.ones(()), np.ones(())), {}, r"`b` must have a leading time axis"),
         (
             (np.eye(3), np.ones((7, 3))),

@@ -223,6 +223,10 @@ def test_bad_input_is_a_value_error():
         nn.Recurrence(cell, "newton")
     with pytest.raises(ValueError, match=r"did you mean pscan.Picard\(\)"):
         nn.Recurrence(cell, pscan.Picard)
+    with pytest.raises(ValueError, match=r"Recurrence: `throw` must be True or False"):
+        nn.Recurrence(cell, throw="no")
+    with pytest.raises(ValueError, match=r"Bidirectional: `return_state` must be True"):
+        nn.Bidirectional(nn.Recurrence(cell), nn.Recurrence(cell), return_state=None)
     with pytest.raises(ValueError, match="pass `h0`"):
         nn.Recurrence(lambda x, h: h)(xs)
     with pytest.raises(

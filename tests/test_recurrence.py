@@ -605,6 +605,18 @@ def test_bad_input():
         pscan.recurrence(cell, xs, jnp.zeros(4, jnp.int32))
     with pytest.raises(ValueError, match=r"`cell\(x_t, h\)` failed"):
         pscan.recurrence(cell, make_xs(10, n_in=3), h0)
+    # flags are Python bools: a string is not read as its truth value, an array
+    # (traced or not) cannot decide the program's shape
+    with pytest.raises(ValueError, match=r"`throw` must be True or False, got 'False'"):
+        pscan.recurrence(cell, xs, h0, throw="False")
+    with pytest.raises(
+        ValueError, match=r"`reverse` must be True or False.*shape \(\)"
+    ):
+        jax.jit(lambda r: pscan.recurrence(cell, xs, h0, reverse=r))(True)
+    assert_allclose(  # a NumPy bool is a bool
+        pscan.recurrence(cell, xs, h0, reverse=np.True_).hs,
+        pscan.recurrence(cell, xs, h0, reverse=True).hs,
+    )
 
 
 @pytest.mark.parametrize("solver", ["picard", "shooting"])

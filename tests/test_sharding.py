@@ -56,3 +56,17 @@ def test_sharded_recurrence_bad_input():
         )
     with pytest.raises(ValueError, match="cannot be combined with `axis_name`"):
         pscan.Newton(fallback="sequential", axis_name="time")
+    with pytest.raises(ValueError, match=r"sharded_recurrence: `throw` must be True"):
+        pscan.sharded_recurrence(
+            cell,
+            np.ones((4, 1)),
+            np.zeros(1),
+            solver=pscan.Newton(),
+            mesh=mesh,
+            axis_name="time",
+            throw=0,
+        )
+    with pytest.raises(ValueError, match=r"linear_recurrence: `reverse` must be True"):
+        pscan.sharded_linear_recurrence(
+            np.ones(4), np.ones(4), mesh=mesh, axis_name="time", reverse="False"
+        )

@@ -1,7 +1,6 @@
 from ._base import (
     AbstractSolver as AbstractSolver,
     Problem as Problem,
-    check_positive_int as check_positive_int,
     check_solver as check_solver,
 )
 from ._chunks import Chunks as Chunks

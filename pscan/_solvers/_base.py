@@ -239,16 +239,6 @@ def as_python(value):
     return value.item() if isinstance(value, (np.integer, np.floating)) else value
 
 
-def check_positive_int(owner: str, name: str, value, allow_none: bool = False):
-    """Raises a `ValueError` naming `owner.name` unless `value` is an int >= 1."""
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(
-            f"pscan.{owner}: `{name}` must be a positive int, got {value!r}"
-        )
-
-
 def check_solver(owner: str, solver, kind: type | None = None, allow_none=False):
     """Raises a `ValueError` naming `owner` unless `solver` is an instance of `kind`
     (`AbstractSolver` by default); a solver class passed uninstantiated is named as

@@ -3,11 +3,11 @@ import jax
 import jax.lax as lax
 import jax.numpy as jnp
 
+from .._arguments import check_positive_int
 from .._chunking import from_chunks
 from ._base import (
     AbstractSolver,
     as_python,
-    check_positive_int,
     chunk_xs,
     finite_result,
 )

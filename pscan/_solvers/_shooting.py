@@ -7,9 +7,10 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, PyTree
 
+from .._arguments import check_positive_int
 from .._solution import RESULTS
 from ._adjoint import implicit_states
-from ._base import AbstractSolver, Problem, check_positive_int, check_tolerance
+from ._base import AbstractSolver, Problem, check_tolerance
 from ._chunks import Chunks
 from ._iterate import shooting_forward
 from ._jacobian import AbstractJacobian

@@ -3,8 +3,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
+from .._arguments import check_positive_int
 from .._cell import AbstractCell
-from .._solvers import check_positive_int
 from ._init import floating, uniform
 
 

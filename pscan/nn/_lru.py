@@ -5,8 +5,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Complex, Float, PRNGKeyArray
 
+from .._arguments import check_positive_int
 from .._cell import AbstractLinearCell
-from .._solvers import check_positive_int
 from ._init import floating
 
 

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Int, PRNGKeyArray, PyTree
 
+from .._arguments import check_flag
 from .._cell import AbstractCell, AbstractLinearCell
 from .._linear import linear_recurrence
 from .._recurrence import recurrence
@@ -113,6 +114,8 @@ class Recurrence(eqx.Module):
 
     def __check_init__(self):
         check_solver("nn.Recurrence", self.solver, allow_none=True)
+        for name in ("reverse", "return_state", "throw"):
+            check_flag("nn.Recurrence", name, getattr(self, name))
         if not callable(self.cell):
             raise ValueError(
                 f"pscan.nn.Recurrence: `cell` must be callable, got {self.cell!r}"
@@ -309,6 +312,7 @@ class Bidirectional(eqx.Module):
     return_state: bool = eqx.field(static=True, default=False, kw_only=True)
 
     def __check_init__(self):
+        check_flag("nn.Bidirectional", "return_state", self.return_state)
         for name in ("forward_layer", "backward_layer"):
             layer = getattr(self, name)
             if not isinstance(layer, Recurrence):

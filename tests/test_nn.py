@@ -441,3 +441,23 @@ def test_layer_throw():
         jax.block_until_ready(nn.Recurrence(cell, solver=solver)(xs))
     ys = nn.Recurrence(cell, solver=solver, throw=False)(xs)
     assert ys.shape == (40, HIDDEN)
+
+
+@pytest.mark.parametrize(
+    "solver",
+    [pscan.Sequential(), pscan.Picard(chunk_size=8), pscan.Newton(chunk_size=8)]
+    + [pscan.ELK(chunk_size=8)],
+    ids=lambda s: type(s).__name__,
+)
+def test_layers_export(solver):
+    """A layer exports with `jax.export` (as the docs say: the iterating solvers with
+    `throw=False`, whose program then has no host callback) and the exported program
+    gives the layer's outputs."""
+    cell, xs = make("GRUCell", 40)
+    layer = nn.Recurrence(cell, solver=solver, throw=False)
+    spec = jax.ShapeDtypeStruct(xs.shape, xs.dtype)
+    exported = jax.export.export(jax.jit(lambda xs: layer(xs)))(spec)
+    out = exported.call(xs)
+    assert_allclose(out, layer(xs))
+    # and the states (the solvers' default tolerances: 1e-6)
+    np.testing.assert_allclose(out, nn.Recurrence(cell)(xs), rtol=1e-5, atol=1e-5)

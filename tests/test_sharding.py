@@ -44,28 +44,21 @@ def test_one_device_mesh_and_bad_axis():
 
 def test_sharded_recurrence_bad_input():
     mesh = Mesh(np.array(jax.devices()[:1]), ("time",))
-    cell = lambda x, h: h
+    sharded = lambda solver, **kwargs: pscan.sharded_recurrence(
+        lambda x, h: h,
+        np.ones((4, 1)),
+        np.zeros(1),
+        solver=solver,
+        mesh=mesh,
+        axis_name="time",
+        **kwargs,
+    )
     with pytest.raises(ValueError, match=r"parallel in time.*Sequential\("):
-        pscan.sharded_recurrence(
-            cell,
-            np.ones((4, 1)),
-            np.zeros(1),
-            solver=pscan.Sequential(),
-            mesh=mesh,
-            axis_name="time",
-        )
+        sharded(pscan.Sequential())
     with pytest.raises(ValueError, match="cannot be combined with `axis_name`"):
         pscan.Newton(fallback="sequential", axis_name="time")
     with pytest.raises(ValueError, match=r"sharded_recurrence: `throw` must be True"):
-        pscan.sharded_recurrence(
-            cell,
-            np.ones((4, 1)),
-            np.zeros(1),
-            solver=pscan.Newton(),
-            mesh=mesh,
-            axis_name="time",
-            throw=0,
-        )
+        sharded(pscan.Newton(), throw=0)
     with pytest.raises(ValueError, match=r"linear_recurrence: `reverse` must be True"):
         pscan.sharded_linear_recurrence(
             np.ones(4), np.ones(4), mesh=mesh, axis_name="time", reverse="False"

@@ -101,6 +101,8 @@ def test_bad_arguments():
         pscan.ELK(radius=0.0)
     with pytest.raises(ValueError, match="`adapt` must be None, True or False"):
         pscan.ELK(adapt="yes")
+    with pytest.raises(ValueError, match="`adapt` must be None, True or False, got 1"):
+        pscan.ELK(adapt=1)  # a number is not a flag
     with pytest.raises(
         ValueError, match="`kalman` must be None, 'filter' or 'smoother'"
     ):

@@ -8,6 +8,7 @@ import equinox as eqx
 import jax
 import jax.lax as lax
 import jax.numpy as jnp
+import numpy as np
 
 from .._associative import SCAN_METHODS, auto_method
 from .._axis import everywhere, global_rows, shift_forward
@@ -139,7 +140,7 @@ class ELK(AbstractShootingSolver):
             raise ValueError(
                 f"pscan.ELK: `radius` must be None or a positive number, got {r!r}"
             )
-        if self.adapt not in (None, True, False):
+        if self.adapt is not None and not isinstance(self.adapt, (bool, np.bool_)):
             raise ValueError(
                 f"pscan.ELK: `adapt` must be None, True or False, got {self.adapt!r}"
             )

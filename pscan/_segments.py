@@ -53,6 +53,28 @@ def segment_masks(
     scalar.
     """
     restart = valid = None
+    resets, length = check_segments(owner, steps, resets, length)
+    if resets is not None:
+        restart = resets
+        if reverse:  # step t starts from h0 when a segment starts at t + 1
+            restart = shift_backward(resets.astype(jnp.int8), axis_name) > 0
+    if length is not None:
+        t = jnp.arange(steps)
+        if axis_name is not None:
+            t = t + lax.axis_index(axis_name) * steps
+        valid = t < length
+    return restart, valid
+
+
+def check_segments(
+    owner: str,
+    steps: int,
+    resets: Bool[ArrayLike, " T"] | None,
+    length: Int[ArrayLike, ""] | None,
+) -> tuple[Bool[Array, " T"] | None, Int[Array, ""] | None]:
+    """`(resets, length)` as arrays (None stays None), or a `ValueError` naming
+    `pscan.{owner}` when `resets` is not a boolean `(steps,)` array or `length` not
+    an integer scalar."""
     if resets is not None:
         resets = jnp.asarray(resets)
         if resets.shape != (steps,) or resets.dtype != jnp.bool_:
@@ -60,22 +82,18 @@ def segment_masks(
                 f"pscan.{owner}: `resets` must be a boolean array of shape ({steps},) "
                 f"(one flag per step), got shape {resets.shape} and dtype {resets.dtype}"
             )
-        restart = resets
-        if reverse:  # step t starts from h0 when a segment starts at t + 1
-            restart = shift_backward(resets.astype(jnp.int8), axis_name) > 0
     if length is not None:
         length = jnp.asarray(length)
         if length.ndim != 0 or not jnp.issubdtype(length.dtype, jnp.integer):
-            raise ValueError(
-                f"pscan.{owner}: `length` must be an integer scalar (the number of real "
-                f"steps; traced values are fine), got shape {length.shape} and dtype "
-                f"{length.dtype}"
+            batch = (
+                "; lengths of a batch: jax.vmap over them" if length.ndim == 1 else ""
             )
-        t = jnp.arange(steps)
-        if axis_name is not None:
-            t = t + lax.axis_index(axis_name) * steps
-        valid = t < length
-    return restart, valid
+            raise ValueError(
+                f"pscan.{owner}: `length` must be an integer scalar, the number of real "
+                f"steps (traced values are fine{batch}), got shape {length.shape} and "
+                f"dtype {length.dtype}"
+            )
+    return resets, length
 
 
 def along_time(mask: Array, x: Array) -> Array:

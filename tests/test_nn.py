@@ -223,6 +223,13 @@ def test_bad_input_is_a_value_error():
         nn.Recurrence(cell, "newton")
     with pytest.raises(ValueError, match=r"did you mean pscan.Picard\(\)"):
         nn.Recurrence(cell, pscan.Picard)
+    # `length` and `resets` errors name the layer, not the function it calls
+    with pytest.raises(
+        ValueError, match=r"Recurrence\(ElmanCell\): `length`.*batch: jax.vmap"
+    ):
+        layer(xs, length=jnp.array([5, 3]))
+    with pytest.raises(ValueError, match=r"Recurrence\(LRU\): `resets`.*\(5,\)"):
+        nn.Recurrence(nn.LRU(3, 4, key=jax.random.PRNGKey(0)))(xs, resets=np.ones(5))
     with pytest.raises(ValueError, match=r"Recurrence: `throw` must be True or False"):
         nn.Recurrence(cell, throw="no")
     with pytest.raises(ValueError, match=r"Bidirectional: `return_state` must be True"):

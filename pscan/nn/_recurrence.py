@@ -9,7 +9,7 @@ from .._arguments import check_flag
 from .._cell import AbstractCell, AbstractLinearCell
 from .._linear import linear_recurrence
 from .._recurrence import recurrence
-from .._segments import along_time
+from .._segments import along_time, check_segments
 from .._solvers import AbstractSolver, Newton, Sequential, check_solver
 
 
@@ -272,6 +272,8 @@ class Recurrence(eqx.Module):
                 f"{state_dtype}: cast `xs` to {state_dtype}, or build the cell with "
                 f"`dtype={xs.dtype}`"
             )
+        # the layer's own name in the errors of `resets` and `length`
+        resets, length = check_segments(name[len("pscan.") :], shape[0], resets, length)
         masks = dict(reverse=reverse, resets=resets, length=length)
         if isinstance(self.cell, AbstractLinearCell) and self.solver is None:
             a, b = self.cell.coefficients(xs)

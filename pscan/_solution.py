@@ -14,8 +14,9 @@ class RESULTS(eqx.Enumeration):
         "pscan: the solver did not converge within `max_iters` iterations: its last "
         "iteration still moved a chunk-start state by more than `atol + rtol * |s|`. "
         "Raise `max_iters` (`ceil(T / chunk_size)` iterations always suffice), loosen "
-        "`rtol`/`atol`, add `damping`, pass `fallback='sequential'`, or pass "
-        "`throw=False` and read `sol.stats['max_residual']` (<= 1 means converged)."
+        "`rtol`/`atol`, give `Newton` some `damping`, pass `fallback='sequential'`, or "
+        "pass `throw=False` and read `sol.stats['max_residual']` (<= 1 means "
+        "converged)."
     )
     nonfinite = (
         "pscan: the states are non-finite (NaN or inf) from some step on, as those of "

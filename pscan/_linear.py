@@ -491,7 +491,8 @@ def linear_recurrence(
         right-padded batch under `jax.vmap`): steps `t >= length` leave the state
         unchanged, so `hs[T-1]` is the state after step `length - 1`; with
         `reverse=True`, `h0` is carried through the padding and the recurrence runs
-        backward from step `length - 1`.
+        backward from step `length - 1`. A `length` of `T` or more leaves every step
+        real; `0` (or less) none: every state is `h0`.
 
     **Returns:**
 

@@ -99,7 +99,8 @@ def recurrence(
         `jax.vmap`): steps `t >= length` leave the state unchanged (the cell is not
         applied), so `hs[T-1]` is the state after step `length - 1`; with
         `reverse=True`, `h0` is carried through them and the recurrence runs backward
-        from step `length - 1`.
+        from step `length - 1`. A `length` of `T` or more leaves every step real; `0`
+        (or less) none: every state is `h0`.
 
     **Returns:**
 

@@ -16,6 +16,7 @@ import pscan
 
 from .helpers import (
     ElmanCell,
+    assert_allclose,
     make_linear_problem,
     reference_linear,
     scan_cell,
@@ -344,3 +345,23 @@ def test_nonlinear_bad_masks():
         pscan.recurrence(cell, xs, h0, resets=np.ones(T + 1, bool))
     with pytest.raises(ValueError, match=r"pscan.recurrence: `length` must be"):
         pscan.recurrence(cell, xs, h0, length=jnp.ones(2, int))
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_length_out_of_range(reverse):
+    """As documented: a `length` of T or more leaves every step real, 0 or less none
+    (every state is h0), for the linear recurrence and the solvers alike."""
+    cell = eqx.nn.GRUCell(1, 3, key=jax.random.PRNGKey(0))
+    xs = jax.random.normal(jax.random.PRNGKey(1), (9, 1))
+    h0 = jnp.array([0.1, -0.2, 0.3])
+    for solver in (pscan.Sequential(), pscan.Newton(chunk_size=4)):
+        run = lambda n: (
+            pscan.recurrence(cell, xs, h0, solver=solver, reverse=reverse, length=n).hs
+        )
+        assert_allclose(run(20), run(None))
+        for n in (0, -3):
+            assert_allclose(run(n), jnp.broadcast_to(h0, (9, 3)))
+    b = jax.random.normal(jax.random.PRNGKey(2), (9, 2))
+    lin = lambda n: pscan.linear_recurrence(0.5, b, reverse=reverse, length=n)
+    assert_allclose(lin(50), lin(None))
+    assert_allclose(lin(0), jnp.zeros((9, 2)))

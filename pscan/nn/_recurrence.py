@@ -273,7 +273,9 @@ class Recurrence(eqx.Module):
                 f"`dtype={xs.dtype}`"
             )
         # the layer's own name in the errors of `resets` and `length`
-        resets, length = check_segments(name[len("pscan.") :], shape[0], resets, length)
+        resets, length = check_segments(
+            name.removeprefix("pscan."), shape[0], resets, length
+        )
         masks = dict(reverse=reverse, resets=resets, length=length)
         if isinstance(self.cell, AbstractLinearCell) and self.solver is None:
             a, b = self.cell.coefficients(xs)

@@ -1,12 +1,16 @@
 """Every public name is documented: on an API page of the docs site, with the
-docstring sections the API pages rely on."""
+docstring sections the API pages rely on; every page's Python runs; the versions the
+README states are the ones checked."""
 
 import inspect
 import pathlib
 import re
+import tomllib
 
 import equinox as eqx
 import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 import pscan
 import pscan.nn
@@ -90,3 +94,27 @@ def test_page_snippets_run(page):
             exec(compile(block, f"{page} block {i + 1}", "exec"), namespace)
         except Exception as e:
             raise AssertionError(f"{page}, block {i + 1} failed:\n{block}") from e
+
+
+def test_lowest_pins_are_the_declared_bounds():
+    """`.ci/lowest.txt` (what `bash .ci/lowest` checks) pins every direct dependency,
+    extras included, at exactly the lower bound that pyproject.toml declares."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {}
+    for line in project["dependencies"] + sum(
+        project["optional-dependencies"].values(), []
+    ):
+        req = Requirement(line)
+        if req.name == "pscan":  # an extra that includes another
+            continue
+        bounds = [s.version for s in req.specifier if s.operator == ">="]
+        assert len(bounds) == 1, f"{line}: one lower bound (>=) per dependency"
+        declared[req.name] = Version(bounds[0])  # 2.0 == 2.0.0
+    pins = {}
+    for line in (ROOT / ".ci" / "lowest.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            req = Requirement(line)
+            (spec,) = req.specifier
+            assert spec.operator == "==", line
+            pins[req.name] = Version(spec.version)
+    assert pins == declared

@@ -175,8 +175,18 @@ def nonlinear(mesh, elk=False):
             )
             sharded = lambda c, xs, h0: solve(c, xs, h0).hs
             what = f"T={length} {solver}"
-            many = eqx.filter_jit(solve)(cell, xs, h0)
+            run = eqx.filter_jit(solve)
+            many = run(cell, xs, h0)
             close(many.hs, exact(cell, xs, h0), what)
+            assert many.result == pscan.RESULTS.successful, what
+            if length == 37:
+                # a NaN inside the last device's last chunk (every chunk start
+                # finite): the loop's states, flagged on every device (the flag was
+                # the first device's alone, `successful`)
+                nan_xs = xs.at[length - 2, 0].set(jnp.nan)
+                nan_sol = run(cell, nan_xs, h0)
+                close(nan_sol.hs, exact(cell, nan_xs, h0), f"{what}: NaN input")
+                assert nan_sol.result == pscan.RESULTS.nonfinite, f"{what}: NaN input"
             if isinstance(solver, pscan.ELK):
                 # the same iteration as on one device (the chunk starts padded to
                 # whole blocks, as sharded_recurrence pads them)

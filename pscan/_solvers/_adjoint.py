@@ -99,7 +99,8 @@ def implicit_states(solver, problem: Problem, starts, result, stats):
     hs = _run(inputs, static, solver, starts, stats["fell_back"])
     # the states are the answer (the sequential ones after a fallback): whether they
     # are finite is read from them, wherever in a chunk the first non-finite one is
-    _, finite = finite_result(hs)
+    # (on any device: one device's block alone would flag only its own)
+    _, finite = finite_result(hs, solver.axis_name)
     if solver.fallback is None:
         finite = RESULTS.where(result == RESULTS.max_iters_reached, result, finite)
     return hs, finite, stats

@@ -12,6 +12,7 @@ import numpy as np
 from jaxtyping import Array, PyTree
 
 from .._associative import fold
+from .._axis import everywhere
 from .._chunking import to_chunks
 from .._finite import finite_along
 from .._solution import RESULTS
@@ -226,10 +227,12 @@ class AbstractSolver(eqx.Module):
         return None
 
 
-def finite_result(hs: Array) -> tuple[Array, RESULTS]:
+def finite_result(hs: Array, axis_name: str | None = None) -> tuple[Array, RESULTS]:
     """`(finite, result)` for states that are the answer as they stand: the one rule
-    of every solver, `successful` when all states are finite, `nonfinite` if not."""
-    finite = finite_along(lax.stop_gradient(hs))
+    of every solver, `successful` when all states are finite, `nonfinite` if not; with
+    `axis_name`, all states on every device of that axis (the same on each)."""
+    finite = finite_along(lax.stop_gradient(hs)).astype(jnp.int32)
+    finite = everywhere(finite, axis_name, lax.pmin) > 0
     return finite, RESULTS.where(finite, RESULTS.successful, RESULTS.nonfinite)
 
 

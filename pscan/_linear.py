@@ -75,9 +75,11 @@ def _compose(a_later, a_earlier, dense: bool):
 
 def _product(a, axis: int, dense: bool = False):
     """The elementwise product of `a` along `axis`: zero wherever a factor is zero
-    (even with a non-finite one beside it, as `_compose`)."""
-    zero = jnp.any(a == 0, axis=axis)
-    return jnp.where(zero, jnp.zeros((), a.dtype), jnp.prod(a, axis=axis))
+    (even with a non-finite one beside it, as `_compose`). Differentiable as the
+    product: beside a zero, the non-finite factors count as 1 (the derivative with
+    respect to the zero factor is the product of the others, not lost to a guard)."""
+    zero = jnp.any(a == 0, axis=axis, keepdims=True)
+    return jnp.prod(jnp.where(zero & ~jnp.isfinite(a), 1, a), axis=axis)
 
 
 def _identity_like(a, dense: bool):
@@ -392,8 +394,20 @@ def _across_devices(solve, a, b, h0, *, axis_name, reverse: bool, dense: bool):
         _block_coefficient(a, length, dense, reverse), axis_name
     )
     ends = lax.all_gather(end, axis_name)
-    # the state after each device's block, then the one entering each block
-    after = _sequential(coefficients, ends, h0, reverse=reverse, dense=dense)
+    # the state after each device's block, then the one entering each block: a loop
+    # over the P summaries, as the primitive (differentiated by its own rules: the
+    # zero guards of its loop, differentiated as they stand, would drop the
+    # derivative through a zero `h0` or a zero coefficient)
+    after = _linrec_p.bind(
+        coefficients,
+        ends,
+        h0,
+        reverse=reverse,
+        method="sequential",
+        chunk_size=None,
+        dense=dense,
+        zero_h0=False,
+    )
     starts = shift_in(after, h0, reverse)
     return solve(a, b, starts[lax.axis_index(axis_name)])
 

@@ -124,6 +124,18 @@ def linear(mesh):
     _, t = jax.jvp(f, (a, b, h0), tangents)
     _, t_ref = jax.jvp(pscan.linear_recurrence, (a, b, h0), tangents)
     close(t, t_ref, "jvp")
+    # derivatives through a zero initial state (a learnable h0 at its usual first
+    # value) and through an exact zero coefficient, both modes: the boundary loop's
+    # zero guards, differentiated as they stood, dropped them
+    a0, h00 = jnp.asarray(a).at[21].set(0.0), jnp.zeros_like(h0)
+    loss0 = lambda f: lambda a, h0: jnp.sum(jnp.sin(f(a, b, h0)))
+    g = grad(loss0(f), argnums=(0, 1))(a0, h00)
+    g_ref = grad(loss0(pscan.linear_recurrence), argnums=(0, 1))(a0, h00)
+    close(g[0], g_ref[0], "zero coefficient: gradient wrt a")
+    close(g[1], g_ref[1], "zero h0: gradient wrt h0")
+    _, t = jax.jvp(f, (a0, b, h00), tangents)
+    _, t_ref = jax.jvp(pscan.linear_recurrence, (a0, b, h00), tangents)
+    close(t, t_ref, "zero coefficient and h0: jvp")
     # any associative combine across devices (affine maps, not commutative), checked
     combine = lambda e, later: (later[0] * e[0], later[0] * e[1] + later[1])
     for method, reverse in itertools.product(
@@ -140,7 +152,7 @@ def linear(mesh):
         )
         for x, y in zip(jax.jit(g)(a, b), scan((a, b))):
             close(x, y, f"associative_scan {method} reverse={reverse}")
-    return count + 3
+    return count + 4
 
 
 def nonlinear(mesh, elk=False):

@@ -281,15 +281,26 @@ def _segmented(step, project, cell, xs, h0, guess, restart, valid, throw) -> Pro
     flags = {"restart": restart, "valid": valid}
     flags = {k: v for k, v in flags.items() if v is not None}
 
+    def real_input(x):
+        # a padded step's input as zeros: what the cell does with it is discarded,
+        # and so are its derivatives, but only if they are finite (a NaN-padded
+        # series would make every gradient NaN, 0 * NaN)
+        if valid is None:
+            return x["z"]
+        mask = lambda v: x["valid"].reshape(x["valid"].shape + (1,) * (v.ndim - 1))
+        return jax.tree_util.tree_map(
+            lambda v: jnp.where(mask(v), v, jnp.zeros((), v.dtype)), x["z"]
+        )
+
     def masked_step(params, z, h):
         cell, h0 = params
         h_in = h if restart is None else jnp.where(z["restart"], h0, h)
-        h_next = step(cell, z["z"], h_in)
+        h_next = step(cell, z["z"] if project else real_input(z), h_in)
         return h_next if valid is None else jnp.where(z["valid"], h_next, h)
 
     masked_project = None
     if project is not None:
-        masked_project = lambda params, x: {**x, "z": project(params[0], x["z"])}
+        masked_project = lambda params, x: {**x, "z": project(params[0], real_input(x))}
     inputs = {**flags, "z": xs}
     return Problem(masked_step, (cell, h0), inputs, h0, masked_project, guess, throw)
 

@@ -365,6 +365,27 @@ def test_padded_batch_with_lengths(name):
             assert _leaves_close(state, s_ref)
 
 
+@pytest.mark.parametrize("name", ["ElmanCell", "LRU"])
+def test_nan_padding_leaves_gradients_finite(name):
+    """A padded batch whose padding is NaN (missing samples): the outputs and every
+    gradient equal those with zero padding (the padded steps' outputs, states and
+    derivatives are discarded; NaN derivatives made all of them NaN)."""
+    cell, xs = make(name, 16)
+    layer = nn.Recurrence(cell)
+    lengths = jnp.array([5, 16])
+    loss = lambda layer, batch: jnp.sum(
+        jax.vmap(lambda x, n: layer(x, length=n))(batch, lengths) ** 2
+    )
+    grad = eqx.filter_jit(eqx.filter_grad(loss))
+    pad = jnp.arange(16)[:, None] >= 5
+    nan_batch = jnp.stack([jnp.where(pad, jnp.nan, xs), xs])
+    zero_batch = jnp.stack([jnp.where(pad, 0.0, xs), xs])
+    got, want = grad(layer, nan_batch), grad(layer, zero_batch)
+    leaves = jax.tree_util.tree_leaves(eqx.filter(got, eqx.is_inexact_array))
+    assert leaves and all(np.all(np.isfinite(g)) for g in leaves)
+    assert tree_allclose(got, want)
+
+
 def test_packed_batch_with_resets():
     """A packed sequence: each segment's outputs equal the layer on it alone, forward
     and backward, and in `Bidirectional`."""

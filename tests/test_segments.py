@@ -337,6 +337,24 @@ def test_nan_in_one_segment(solver):
     np.testing.assert_allclose(sol.hs, ref, **CLOSE)
 
 
+@pytest.mark.parametrize("name", ["sequential", "shooting", "elk-chunked"])
+def test_nan_padding_leaves_gradients_finite(name):
+    """Padding past `length` filled with NaN (a common marker of missing samples) is
+    never read: the states, and every gradient, equal those of zero padding (the
+    cell's derivatives at a padded step are discarded; NaN ones made all NaN)."""
+    cell, xs, h0 = make_cell()
+    n = 17
+    nan_xs = xs.at[n:].set(jnp.nan)
+    zero_xs = xs.at[n:].set(0.0)
+    loss = lambda c, x, h: jnp.sum(
+        pscan.recurrence(c, x, h, solver=SOLVERS[name], length=n).hs ** 2
+    )
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    got, want = grad(cell, nan_xs, h0), grad(cell, zero_xs, h0)
+    assert all(np.all(np.isfinite(g)) for g in jax.tree_util.tree_leaves(got))
+    assert tree_allclose(got, want, **CLOSE)
+
+
 def test_nonlinear_bad_masks():
     cell, xs, h0 = make_cell()
     with pytest.raises(

@@ -277,6 +277,11 @@ class Recurrence(eqx.Module):
             name.removeprefix("pscan."), shape[0], resets, length
         )
         masks = dict(reverse=reverse, resets=resets, length=length)
+        if length is not None:
+            # padded steps read zeros: their outputs and states are discarded, and
+            # so are their derivatives, but only if finite (NaN padding: 0 * NaN)
+            valid = jnp.arange(shape[0]) < length
+            xs = jnp.where(along_time(valid, xs), xs, jnp.zeros((), xs.dtype))
         if isinstance(self.cell, AbstractLinearCell) and self.solver is None:
             a, b = self.cell.coefficients(xs)
             hs = linear_recurrence(a, b, h0, **masks)
@@ -290,7 +295,6 @@ class Recurrence(eqx.Module):
         final = jax.tree_util.tree_map(lambda h: h[0] if reverse else h[-1], hs)
         outputs = jax.vmap(lambda x, h: _output(self.cell, x, h))(xs, hs)
         if length is not None:  # padded steps output zeros
-            valid = jnp.arange(shape[0]) < length
             outputs = jax.tree_util.tree_map(
                 lambda y: jnp.where(along_time(valid, y), y, jnp.zeros((), y.dtype)),
                 outputs,

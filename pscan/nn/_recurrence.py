@@ -278,10 +278,13 @@ class Recurrence(eqx.Module):
         )
         masks = dict(reverse=reverse, resets=resets, length=length)
         if length is not None:
+            valid = jnp.arange(shape[0]) < length
+            padded_to_zero = lambda y: jnp.where(
+                along_time(valid, y), y, jnp.zeros((), y.dtype)
+            )
             # padded steps read zeros: their outputs and states are discarded, and
             # so are their derivatives, but only if finite (NaN padding: 0 * NaN)
-            valid = jnp.arange(shape[0]) < length
-            xs = jnp.where(along_time(valid, xs), xs, jnp.zeros((), xs.dtype))
+            xs = padded_to_zero(xs)
         if isinstance(self.cell, AbstractLinearCell) and self.solver is None:
             a, b = self.cell.coefficients(xs)
             hs = linear_recurrence(a, b, h0, **masks)
@@ -295,10 +298,7 @@ class Recurrence(eqx.Module):
         final = jax.tree_util.tree_map(lambda h: h[0] if reverse else h[-1], hs)
         outputs = jax.vmap(lambda x, h: _output(self.cell, x, h))(xs, hs)
         if length is not None:  # padded steps output zeros
-            outputs = jax.tree_util.tree_map(
-                lambda y: jnp.where(along_time(valid, y), y, jnp.zeros((), y.dtype)),
-                outputs,
-            )
+            outputs = jax.tree_util.tree_map(padded_to_zero, outputs)
         return outputs, final
 
 

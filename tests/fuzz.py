@@ -8,7 +8,8 @@ sharded solve flagging NaN states `successful`; sharded derivatives through a ze
 `h0`).
 
     python tests/fuzz.py recurrence --seconds 300
-    python tests/fuzz.py linear | layers | sharded | sharded-linear [--seed N]
+    python tests/fuzz.py linear | layers | associative [--seed N]
+    python tests/fuzz.py sharded | sharded-linear | sharded-associative
 
 The references are pscan's own sequential paths (`Sequential()`, which is
 `lax.scan`; `method="sequential"`; a loop of `Recurrence.step`), which the suite
@@ -22,7 +23,15 @@ import random
 import sys
 import time
 
-MODES = ("recurrence", "linear", "layers", "sharded", "sharded-linear")
+MODES = (
+    "recurrence",
+    "linear",
+    "layers",
+    "associative",
+    "sharded",
+    "sharded-linear",
+    "sharded-associative",
+)
 ARGS = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 ARGS.add_argument("mode", choices=MODES)
 ARGS.add_argument("--seconds", type=float, default=120.0)
@@ -39,7 +48,7 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import Mesh  # noqa: E402
+from jax.sharding import Mesh, PartitionSpec  # noqa: E402
 
 import pscan  # noqa: E402
 import pscan.nn as nn  # noqa: E402
@@ -54,6 +63,8 @@ def gap(x, y) -> float:
     worst = 0.0
     for a, b in zip(jax.tree_util.tree_leaves(x), jax.tree_util.tree_leaves(y)):
         a, b = np.asarray(a), np.asarray(b)
+        if b.dtype == bool:
+            a, b = a.astype(np.int8), b.astype(np.int8)
         if not (
             np.array_equal(np.isnan(a), np.isnan(b))
             and np.array_equal(np.isinf(a), np.isinf(b))
@@ -284,14 +295,128 @@ def check_layers(rng, g, seed):
     return where, found, 1e-8
 
 
+def _affine(earlier, later):
+    """Affine maps `h -> A h + b` composed (pytree elements; not commutative)."""
+    mul = lambda m, v: jnp.einsum("...ij,...j->...i", m, v)
+    A = jnp.einsum("...ij,...jk->...ik", later["A"], earlier["A"])
+    return {"A": A, "b": mul(later["A"], earlier["b"]) + later["b"]}
+
+
+def _logsumexp(earlier, later):
+    """`(max, sum of exp below it)` pairs: a stable log-sum-exp (a tuple)."""
+    (m1, s1), (m2, s2) = earlier, later
+    m = jnp.maximum(m1, m2)
+    return m, s1 * jnp.exp(m1 - m) + s2 * jnp.exp(m2 - m)
+
+
+def _segmented_sum(earlier, later):
+    """Sums that restart at a flag (a bool leaf beside a float one)."""
+    (f1, v1), (f2, v2) = earlier, later
+    return f1 | f2, jnp.where(f2, v2, v1 + v2)
+
+
+def _matmul(earlier, later):
+    """Products of square matrices (complex now and then)."""
+    return later @ earlier
+
+
+def combine_problem(rng, g, steps):
+    """A random associative `combine`, its `elems`, and which leaves are differentiable
+    (the rest are held fixed)."""
+    kind = rng.choice(["affine", "logsumexp", "segmented", "matmul"])
+    lead = rng.choice([(), (2,)])
+    d = rng.choice([1, 3])
+    rnd = lambda *shape: g.standard_normal((steps, *lead, *shape))
+    if kind == "affine":
+        elems = {"A": 0.9 * rnd(d, d) / np.sqrt(d), "b": rnd(d)}
+        return _affine, elems, lambda e: e, lambda e, x: x
+    if kind == "logsumexp":
+        elems = (3 * rnd(d), np.exp(rnd(d)))
+        return _logsumexp, elems, lambda e: e, lambda e, x: x
+    if kind == "segmented":
+        flags = g.random((steps, *lead, d)) < 0.2
+        return (
+            _segmented_sum,
+            (flags, rnd(d)),
+            lambda e: e[1],
+            lambda e, x: (e[0], x),
+        )
+    m = 0.9 * rnd(d, d) / np.sqrt(d)
+    if rng.random() < 0.3:
+        m = m + 0.9j * rnd(d, d) / np.sqrt(d)
+    return _matmul, m, lambda e: e, lambda e, x: x
+
+
+def check_associative(rng, g, seed, axis=None):
+    """`associative_scan` by a random method (inside `shard_map` over `axis`, a mesh)
+    against a plain `lax.scan` of the same `combine`: values, gradient, tangent."""
+    devices = 1 if axis is None else axis.devices.size
+    steps = devices * rng.choice([1, 2, 3, 5, 7, 16, 31, 64, 100])
+    combine, elems, part, rebuild = combine_problem(rng, g, steps)
+    reverse = rng.random() < 0.4
+    method = rng.choice(["associative", "sequential", "chunked"])
+    size = rng.choice([None, 1, 2, 3, 8]) if method == "chunked" else None
+    opts = dict(reverse=reverse, method=method, chunk_size=size)
+
+    def reference(elems):
+        flip = lambda e: jax.tree_util.tree_map(lambda x: x[::-1], e)
+        elems = flip(elems) if reverse else elems
+        head = jax.tree_util.tree_map(lambda x: x[0], elems)
+        rest = jax.tree_util.tree_map(lambda x: x[1:], elems)
+        _, ys = jax.lax.scan(lambda c, x: (combine(c, x),) * 2, head, rest)
+        ys = jax.tree_util.tree_map(
+            lambda h, y: jnp.concatenate([h[None], y]), head, ys
+        )
+        return flip(ys) if reverse else ys
+
+    def scan(elems):
+        if axis is None:
+            return pscan.associative_scan(combine, elems, **opts)
+        time_ = PartitionSpec("t")
+        return jax.shard_map(
+            lambda e: pscan.associative_scan(combine, e, axis_name="t", **opts),
+            mesh=axis,
+            in_specs=(time_,),
+            out_specs=time_,
+            check_vma=False,
+        )(elems)
+
+    found = {"values": gap(jax.jit(scan)(elems), jax.jit(reference)(elems))}
+    x = part(elems)
+    w = jax.tree_util.tree_map(lambda y: g.standard_normal(np.shape(y)), x)
+    loss = lambda f: (
+        lambda x: sum(
+            jnp.sum(jnp.real(a * b))
+            for a, b in zip(
+                jax.tree_util.tree_leaves(w),
+                jax.tree_util.tree_leaves(part(f(rebuild(elems, x)))),
+            )
+        )
+    )
+    found["gradient"] = gap(
+        jax.jit(jax.grad(loss(scan)))(x), jax.jit(jax.grad(loss(reference)))(x)
+    )
+    t = jax.tree_util.tree_map(lambda y: np.cos(y).astype(y.dtype), x)
+    jvp = lambda f: jax.jit(
+        lambda x, t: jax.jvp(lambda x: part(f(rebuild(elems, x))), (x,), (t,))[1]
+    )(x, t)
+    found["tangent"] = gap(jvp(scan), jvp(reference))
+    where = (
+        f"T={steps} {combine.__name__} {jax.tree_util.tree_map(np.shape, elems)} {opts}"
+    )
+    return where, found, 1e-10
+
+
 def main(mode, seconds, seed0):
     mesh = lambda: Mesh(np.array(jax.devices()[: random.choice([2, 4])]), ("t",))
     check = {
         "recurrence": check_recurrence,
         "linear": check_linear,
         "layers": check_layers,
+        "associative": check_associative,
         "sharded": lambda *a: check_recurrence(*a, axis=mesh()),
         "sharded-linear": lambda *a: check_linear(*a, axis=mesh()),
+        "sharded-associative": lambda *a: check_associative(*a, axis=mesh()),
     }[mode]
     end, count, bad = time.time() + seconds, 0, 0
     while time.time() < end:

@@ -320,6 +320,54 @@ def _matmul(earlier, later):
     return later @ earlier
 
 
+def check_bidirectional(rng, g, seed):
+    """`nn.Bidirectional` of two random layers (either direction flag on the backward
+    one) against the two exact layers run forward and backward: outputs, final
+    states, gradient wrt the layers and the inputs."""
+    key = jax.random.PRNGKey(seed)
+    k1, k2, k3, k4 = jax.random.split(key, 4)
+    steps, m = rng.choice([1, 2, 3, 17, 40]), rng.choice([1, 2])
+    kinds = [nn.ElmanCell, nn.MinGRU, eqx.nn.GRUCell, eqx.nn.LSTMCell]
+    cells = [rng.choice(kinds)(m, 3, key=k, dtype=jnp.float64) for k in (k1, k2)]
+    solvers = [
+        None
+        if isinstance(c, nn.MinGRU) or rng.random() < 0.3
+        else nonlinear_solver(rng, steps)
+        for c in cells
+    ]
+    backward_flag = rng.random() < 0.5
+    layers = (
+        nn.Recurrence(cells[0], solver=solvers[0]),
+        nn.Recurrence(cells[1], solver=solvers[1], reverse=backward_flag),
+    )
+    both = nn.Bidirectional(*layers, return_state=True)
+    xs = jax.random.normal(k3, (steps, m))
+    resets, length = segments(rng, g, steps)
+    masks = dict(resets=resets, length=length)
+
+    def reference(both, xs):
+        run = lambda cell, reverse: nn.Recurrence(
+            cell, solver=pscan.Sequential(), reverse=reverse, return_state=True
+        )(xs, **masks)
+        (y1, h1), (y2, h2) = (
+            run(both.forward_layer.cell, False),
+            run(both.backward_layer.cell, True),
+        )
+        return jnp.concatenate([y1, y2], axis=-1), (h1, h2)
+
+    run = lambda both, xs: both(xs, **masks)
+    found = {"outputs": gap(eqx.filter_jit(run)(both, xs), reference(both, xs))}
+    w = jax.random.normal(k4, reference(both, xs)[0].shape)
+    loss = lambda f: lambda both_xs: jnp.sum(w * f(*both_xs)[0])
+    found["gradient"] = gap(
+        eqx.filter_jit(eqx.filter_grad(loss(run)))((both, xs)),
+        eqx.filter_grad(loss(reference))((both, xs)),
+    )
+    names = [type(c).__name__ for c in cells]
+    where = f"T={steps} {names} {solvers} backward reverse={backward_flag} {masks}"
+    return where, found, 1e-8
+
+
 def combine_problem(rng, g, steps):
     """A random associative `combine`, its `elems`, and which leaves are differentiable
     (the rest are held fixed)."""
@@ -412,7 +460,9 @@ def main(mode, seconds, seed0):
     check = {
         "recurrence": check_recurrence,
         "linear": check_linear,
-        "layers": check_layers,
+        "layers": lambda rng, *a: (
+            check_bidirectional if rng.random() < 0.25 else check_layers
+        )(rng, *a),
         "associative": check_associative,
         "sharded": lambda *a: check_recurrence(*a, axis=mesh()),
         "sharded-linear": lambda *a: check_linear(*a, axis=mesh()),

@@ -49,24 +49,31 @@ def _apply(a, h, dense: bool):
     return a * h
 
 
-def _act(a, h, dense: bool):
+def _act(a, h, dense: bool, zero_matrices: bool = False):
     """`a` acting on a state `h` (or a partial state, or a cotangent) inside a solve,
-    where a zero times anything is zero (elementwise `a`; a dense product has no such
-    cheap guard). A zero coefficient forgets the state whatever its value, so that a
-    reset (`a = 0`) stops a non-finite state as running the segments separately
-    would; a zero state is not made NaN by an infinite or NaN coefficient, so that a
-    parallel combine never forms `inf * 0` from a composed coefficient that overflowed
-    (|a| > 1 over many steps), and the backward pass of a loss that never reaches a
-    step never sees that step's coefficients. (Not used by the derivative rules,
-    which must stay linear in their tangents.)"""
-    if dense:
-        return _apply(a, h, dense)
-    return jnp.where((a == 0) | (h == 0), jnp.zeros((), h.dtype), a * h)
+    where a zero times anything is zero: an entry of elementwise `a`; with
+    `zero_matrices`, a whole matrix (or state) when `a` is dense. A zero coefficient
+    forgets the state whatever its value, so that a reset (`a = 0`) stops a
+    non-finite state as running the segments separately would; a zero state is not
+    made NaN by an infinite or NaN coefficient, so that a parallel combine never
+    forms `inf * 0` from a composed coefficient that overflowed (|a| > 1 over many
+    steps), and the backward pass of a loss that never reaches a step never sees
+    that step's coefficients. The dense guard reads `a` once more (3x the time of
+    the plain loop on CPU, d = 32): `_solve` runs it only to redo results that are
+    not finite, and only for coefficients with resets in them. (Not used by the
+    derivative rules, which must stay linear in their tangents.)"""
+    if not dense:
+        return jnp.where((a == 0) | (h == 0), jnp.zeros((), h.dtype), a * h)
+    ah = _apply(a, h, dense)
+    if not zero_matrices:
+        return ah
+    zero = jnp.all(a == 0, axis=(-2, -1)) | jnp.all(h == 0, axis=-1)
+    return jnp.where(zero[..., None], jnp.zeros((), h.dtype), ah)
 
 
 def _compose(a_later, a_earlier, dense: bool):
     """The coefficient of applying `a_earlier`, then `a_later` (a zero factor makes
-    it zero, as in `_act`)."""
+    it zero, as in `_act`; dense products unguarded)."""
     if dense:
         return block_matmul(a_later, a_earlier)
     zero = (a_later == 0) | (a_earlier == 0)
@@ -101,10 +108,22 @@ def _full_time(a, length: int):
 # --------------------------------------------------------------------------------------
 
 
-def _loop(a, b, h0, *, axis: int, reverse: bool, dense: bool, emit=True, adjoint=False):
+def _loop(
+    a,
+    b,
+    h0,
+    *,
+    axis: int,
+    reverse: bool,
+    dense: bool,
+    emit=True,
+    adjoint=False,
+    zero_matrices=False,
+):
     """The one sequential loop: the recurrence along `axis` of `a` and `b` (time, or
     the steps inside chunks laid out `(K, C, ...)`, vectorised over the chunks: see
-    `fold`). Returns `(hs, h_final)`; `hs` is `None` unless `emit`.
+    `fold`). Returns `(hs, h_final)`; `hs` is `None` unless `emit`. `zero_matrices`:
+    `_act`'s guard of dense zero matrices.
 
     `adjoint=True` runs the transposed recurrence `lam[t] = b[t] + a[t+1] lam[t+1]`
     (indices mirrored if `reverse`) in message form: it emits `lam = b[s] + m` and
@@ -116,8 +135,8 @@ def _loop(a, b, h0, *, axis: int, reverse: bool, dense: bool, emit=True, adjoint
         a_s, b_s = ab
         if adjoint:
             y = b_s + h
-            return _act(a_s, y, dense), y
-        h = _act(a_s, h, dense) + b_s
+            return _act(a_s, y, dense, zero_matrices), y
+        h = _act(a_s, h, dense, zero_matrices) + b_s
         return h, h
 
     # inside shard_map the carry must vary across devices as the inputs do
@@ -125,9 +144,24 @@ def _loop(a, b, h0, *, axis: int, reverse: bool, dense: bool, emit=True, adjoint
     return fold(step, h0, (a, b), axis=axis, reverse=reverse, emit=emit)
 
 
-def _sequential(a, b, h0, *, reverse: bool, dense: bool):
+def _sequential(a, b, h0, *, reverse: bool, dense: bool, zero_matrices=False):
     """One step at a time: depth and work `O(T)`."""
-    return _loop(a, b, h0, axis=0, reverse=reverse, dense=dense)[0]
+    loop = _loop(
+        a, b, h0, axis=0, reverse=reverse, dense=dense, zero_matrices=zero_matrices
+    )
+    return loop[0]
+
+
+def _finite_or(hs, exact):
+    """`hs` if every state is finite, else `exact()`, the loop with every zero guard.
+    A parallel method combines terms the loop never forms: with infinite inputs, or
+    products of coefficients that overflow (|a| > 1 over many steps), a state can be
+    NaN (inf * 0, inf - inf) or an inf of the other sign where the loop's is +-inf or
+    finite; and dense products have no cheap zero guard, so a reset (a zero matrix)
+    would pass a NaN or inf state on. The test is that the states' sum is finite: any
+    non-finite state makes it so (it costs less than `all(isfinite(hs))`, and a sum
+    that overflows only sends finite states to the loop, which is exact)."""
+    return lax.cond(jnp.isfinite(jnp.sum(hs)), lambda: hs, exact)
 
 
 def _associative(a, b, h0, *, reverse: bool, dense: bool, zero_h0: bool):
@@ -171,7 +205,9 @@ def _doubling(a, b, h0, *, reverse: bool, dense: bool):
     return doubling(combine, (a, b), reverse=reverse, identity=identity)[1]
 
 
-def _chunked(a, b, h0, *, reverse: bool, dense: bool, chunk_size: int):
+def _chunked(
+    a, b, h0, *, reverse: bool, dense: bool, chunk_size: int, zero_matrices=False
+):
     """Exact sequential loops inside chunks, vectorised across chunks.
 
     Two passes over the chunks: the first runs each chunk from a zero state to get its
@@ -212,17 +248,30 @@ def _chunked(a, b, h0, *, reverse: bool, dense: bool, chunk_size: int):
     _, e = _loop(ac, bc, zeros, axis=1, reverse=reverse, dense=dense, emit=False)
     ends = _doubling(p, e, h0, reverse=reverse, dense=dense)
 
-    def exact_ends():
+    def exact(emit: bool):
+        """The loop over the chunks one after another: the chunks' ends, or (`emit`)
+        every state, with `_act`'s zero guards."""
+
         def chunk(h, ab):
-            h = _loop(*ab, h, axis=0, reverse=reverse, dense=dense, emit=False)[1]
-            return h, h
+            loop = _loop(
+                *ab,
+                h,
+                axis=0,
+                reverse=reverse,
+                dense=dense,
+                emit=emit,
+                zero_matrices=zero_matrices,
+            )
+            return loop[1], loop[0] if emit else loop[1]
 
         xs = (jnp.broadcast_to(ac, (bc.shape[0], *ac.shape[1:])), bc)
         return lax.scan(chunk, h0, xs, reverse=reverse)[1]
 
-    ends = lax.cond(finite_along(ends), lambda: ends, exact_ends)
+    ends = lax.cond(finite_along(ends), lambda: ends, lambda: exact(emit=False))
     starts = shift_in(ends, h0, reverse)
     hs, _ = _loop(ac, bc, starts, axis=1, reverse=reverse, dense=dense)
+    if zero_matrices:  # no cheap guard in the loops: see `_finite_or`
+        hs = _finite_or(hs, lambda: exact(emit=True))
     return from_chunks(hs, length, front=reverse)
 
 
@@ -249,29 +298,37 @@ def _one_state_axis(a, b, h0, dense: bool):
     return a, b.reshape(b.shape[0], size), h0.reshape(size)
 
 
-def _solve(a, b, h0, *, reverse, method, chunk_size, dense, zero_h0):
-    sequential = lambda: _sequential(a, b, h0, reverse=reverse, dense=dense)
+def _solve(a, b, h0, *, reverse, method, chunk_size, dense, zero_h0, zero_matrices):
+    """The recurrence by `method`. `zero_matrices`: whether dense zero matrices (the
+    resets) must forget the state: then results that are not all finite are redone
+    by the loop with that guard."""
+    sequential = lambda: _sequential(
+        a, b, h0, reverse=reverse, dense=dense, zero_matrices=zero_matrices
+    )
     if method == "sequential":
-        return sequential()
+        if not zero_matrices:  # elementwise, the guards are in the loop
+            return sequential()
+        hs = _sequential(a, b, h0, reverse=reverse, dense=dense)
+        return _finite_or(hs, sequential)
     elif method == "chunked":  # NaN starts are recomputed inside
         flat = _one_state_axis(a, b, h0, dense)
         if flat is None:
             return _chunked(
-                a, b, h0, reverse=reverse, dense=dense, chunk_size=chunk_size
+                a,
+                b,
+                h0,
+                reverse=reverse,
+                dense=dense,
+                chunk_size=chunk_size,
+                zero_matrices=zero_matrices,
             )
         hs = _chunked(*flat, reverse=reverse, dense=dense, chunk_size=chunk_size)
         return hs.reshape(b.shape)
     elif method != "associative":
         raise AssertionError(method)
+    # the plain combine, without zero guards
     hs = _associative(a, b, h0, reverse=reverse, dense=dense, zero_h0=zero_h0)
-    # A parallel method combines terms the loop never forms: with infinite inputs, or
-    # products of coefficients that overflow (|a| > 1 over many steps), a state can be
-    # NaN (inf * 0, inf - inf) or an inf of the other sign where the loop's is +-inf
-    # or finite; and the plain combine has no zero guards. Then the states are
-    # recomputed by the loop itself. The test is that their sum is finite: any
-    # non-finite state makes it so (it costs less than `all(isfinite(hs))`, and a
-    # sum that overflows only sends finite states to the loop, which is exact)
-    return lax.cond(jnp.isfinite(jnp.sum(hs)), lambda: hs, sequential)
+    return _finite_or(hs, sequential)
 
 
 # --------------------------------------------------------------------------------------
@@ -279,7 +336,7 @@ def _solve(a, b, h0, *, reverse, method, chunk_size, dense, zero_h0):
 # --------------------------------------------------------------------------------------
 
 _linrec_p = jax.extend.core.Primitive("pscan_linear_recurrence")
-_STATIC = ("reverse", "method", "chunk_size", "dense", "zero_h0")
+_STATIC = ("reverse", "method", "chunk_size", "dense", "zero_h0", "zero_matrices")
 _linrec_p.def_impl(jax.jit(_solve, static_argnames=_STATIC))
 # `b`'s own abstract value (shape, dtype and, inside shard_map, how it varies across
 # devices), as the states are
@@ -302,7 +359,9 @@ def _jvp(primals, tangents, **params):
     return hs, _linrec_p.bind(a, u, dh0, **{**params, "zero_h0": no_dh0})
 
 
-def _transpose(ct, a, b, h0, *, reverse, dense, method, chunk_size, zero_h0):
+def _transpose(
+    ct, a, b, h0, *, reverse, dense, method, chunk_size, zero_h0, zero_matrices
+):
     del zero_h0  # the cotangent's recurrence starts from zero
     if ad.is_undefined_primal(a):
         raise NotImplementedError("linear_recurrence is linear in (b, h0) only")
@@ -313,9 +372,20 @@ def _transpose(ct, a, b, h0, *, reverse, dense, method, chunk_size, zero_h0):
     # lam[t] = ct[t] + a[t+1]^T lam[t+1]: a linear recurrence in the other direction,
     # with coefficients one step ahead (behind if `reverse`)
     if method == "sequential":
-        lam, ct_h0 = _loop(
-            a_t, ct, lam_0, axis=0, reverse=not reverse, dense=dense, adjoint=True
+        loop = lambda zero_matrices: _loop(
+            a_t,
+            ct,
+            lam_0,
+            axis=0,
+            reverse=not reverse,
+            dense=dense,
+            adjoint=True,
+            zero_matrices=zero_matrices,
         )
+        lam, ct_h0 = loop(False)
+        if zero_matrices:  # as `_finite_or`
+            finite = jnp.isfinite(jnp.sum(lam)) & jnp.all(jnp.isfinite(ct_h0))
+            lam, ct_h0 = lax.cond(finite, lambda: (lam, ct_h0), lambda: loop(True))
     else:
         # the value shifted in multiplies lam's zero initial state, so it is free
         shared = a.shape[0] == 1
@@ -329,6 +399,7 @@ def _transpose(ct, a, b, h0, *, reverse, dense, method, chunk_size, zero_h0):
             chunk_size=chunk_size,
             dense=dense,
             zero_h0=True,
+            zero_matrices=zero_matrices,
         )
         ct_h0 = _apply(a_t[-1 if reverse else 0], lam[-1 if reverse else 0], dense)
     ct_b = lam if ad.is_undefined_primal(b) else None
@@ -377,6 +448,11 @@ def _block_coefficient(a, length: int, dense: bool, reverse: bool):
     if not dense:
         return _product(a, axis=0)
     eye = like_inputs(_identity_like(a, dense), a)
+    # as in `_product`: beside a zero matrix (a reset) a non-finite one counts as
+    # the identity, so that the block's coefficient is zero, not NaN
+    zero = jnp.any(jnp.all(a == 0, axis=(-2, -1)), axis=0)[..., None, None]
+    finite = jnp.all(jnp.isfinite(a), axis=(-2, -1))[..., None, None]
+    a = jnp.where(zero & ~finite, eye, a)
 
     def step(carry, a_t):
         return _compose(a_t, carry, dense), None
@@ -384,7 +460,9 @@ def _block_coefficient(a, length: int, dense: bool, reverse: bool):
     return lax.scan(step, eye, a, reverse=reverse)[0]
 
 
-def _across_devices(solve, a, b, h0, *, axis_name, reverse: bool, dense: bool):
+def _across_devices(
+    solve, a, b, h0, *, axis_name, reverse: bool, dense: bool, zero_matrices: bool
+):
     """`solve(a, b, h0)` (the local recurrence) over a time axis split across
     `axis_name`; called inside `shard_map` with this device's block."""
     length = b.shape[0]
@@ -407,6 +485,7 @@ def _across_devices(solve, a, b, h0, *, axis_name, reverse: bool, dense: bool):
         chunk_size=None,
         dense=dense,
         zero_h0=False,
+        zero_matrices=zero_matrices,
     )
     starts = shift_in(after, h0, reverse)
     return solve(a, b, starts[lax.axis_index(axis_name)])
@@ -631,6 +710,8 @@ def linear_recurrence(
         axis_name=axis_name,
     )
     a, b = _masked(a, b, h0, restart, valid, dense)
+    # a reset is a zero matrix, which a dense product does not guard cheaply
+    zero_matrices = dense and restart is not None
     if method == "auto":
         method = auto_method(steps)
     if method == "chunked" and chunk_size is None:
@@ -648,10 +729,18 @@ def linear_recurrence(
             chunk_size=chunk_size,
             dense=dense,
             zero_h0=zero_h0,
+            zero_matrices=zero_matrices,
         )
 
     if axis_name is None:
         return solve(a, b, h0, zero_h0=given_h0 is None)
     return _across_devices(
-        solve, a, b, h0, axis_name=axis_name, reverse=bool(reverse), dense=dense
+        solve,
+        a,
+        b,
+        h0,
+        axis_name=axis_name,
+        reverse=bool(reverse),
+        dense=dense,
+        zero_matrices=zero_matrices,
     )

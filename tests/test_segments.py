@@ -150,20 +150,46 @@ def test_linear_length(method, chunk_size, reverse):
         np.testing.assert_allclose(h[m:], np.broadcast_to(held, h[m:].shape), **CLOSE)
 
 
-def test_linear_nan_never_crosses_a_reset():
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("kind", ["diagonal", "dense"])
+def test_linear_nan_never_crosses_a_reset(kind, reverse):
     """A NaN in one segment of a packed batch leaves every other segment exact, with
-    every method; before the NaN the states are exact too."""
-    a, b, h0 = make_linear_problem(4, T, state=(3,))
-    b = b.copy()
-    b[9, 1] = np.nan
+    every method, elementwise or dense `a` (a dense reset once made every later
+    segment NaN); a NaN tangent or cotangent stays in its segment too."""
+    a, b, h0 = make_linear_problem(4, T, state=(3,), kind=kind)
     resets = np.isin(np.arange(T), [0, 6, 12, 20])
-    ref = reference_linear_segments(a, b, h0, resets)
+    nan_b = b.copy()
+    nan_b[9, 1] = np.nan
+    ref = reference_linear_segments(a, nan_b, h0, resets, reverse=reverse)
+    # the reference derivatives: NaN in the derivative exactly where the segment's
+    # loop reads the NaN (JAX's own differentiation of the plain scan)
+    scan = lambda b: scan_linear_resets(
+        jnp.asarray(a), b, jnp.asarray(h0), resets, reverse
+    )
+    tangent = np.ones_like(b)
+    tangent[9, 1] = np.nan
+    ref_jvp = jax.jvp(scan, (b,), (tangent,))[1]
+    ref_vjp = jax.vjp(scan, b)[1](tangent)[0]
+    assert np.isnan(ref).any() and np.isfinite(ref).any()
     for method, chunk_size in LINEAR:
-        hs = pscan.linear_recurrence(
-            a, b, h0, resets=resets, method=method, chunk_size=chunk_size
+        run = lambda b: pscan.linear_recurrence(
+            a,
+            b,
+            h0,
+            resets=resets,
+            method=method,
+            chunk_size=chunk_size,
+            reverse=reverse,
         )
+        hs = run(nan_b)
         np.testing.assert_array_equal(np.isnan(hs), np.isnan(ref))
         np.testing.assert_allclose(hs, ref, **CLOSE)
+        for got, want in [
+            (jax.jvp(run, (b,), (tangent,))[1], ref_jvp),
+            (jax.vjp(run, b)[1](tangent)[0], ref_vjp),
+        ]:
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+            np.testing.assert_allclose(got, want, **CLOSE)
 
 
 def test_linear_bad_masks():
@@ -335,6 +361,52 @@ def test_nan_in_one_segment(solver):
     assert sol.result == pscan.RESULTS.nonfinite
     np.testing.assert_array_equal(np.isnan(sol.hs), np.isnan(ref))
     np.testing.assert_allclose(sol.hs, ref, **CLOSE)
+
+
+_DENSE_LEAK = pytest.mark.xfail(
+    strict=True,
+    reason="the exact-Jacobian solvers' tangent crosses a reset: their boundary "
+    "recurrence (dense, no resets of its own) does not guard zero matrices",
+)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "picard",
+        "quasi-shooting",
+        pytest.param("deer", marks=_DENSE_LEAK),
+        pytest.param("shooting", marks=_DENSE_LEAK),
+        pytest.param("elk", marks=_DENSE_LEAK),
+    ],
+)
+def test_nan_derivative_never_crosses_a_reset(name, reverse):
+    """An infinite input saturates the cell (finite states), and a NaN tangent or
+    cotangent at one step of one segment stays in that segment, as in the loop. (The
+    exact-Jacobian solvers, `Newton` and `ELK`, carry a NaN tangent into later
+    segments, a reset's zero Jacobian times NaN, and make every cotangent NaN once
+    their adjoint has a NaN, as documented.)"""
+    cell, xs, h0 = make_cell()
+    xs = xs.at[11, 0].set(jnp.inf)
+    resets = np.isin(np.arange(T), [0, 6, 13, 14, 22])
+    tangent = jnp.ones_like(xs).at[11, 0].set(jnp.nan)
+    cotangent = jnp.ones((T, 3)).at[16, 0].set(jnp.nan)
+    run = lambda x: (
+        pscan.recurrence(
+            cell, x, h0, solver=SOLVERS[name], resets=resets, reverse=reverse
+        ).hs
+    )
+    ref = lambda x: scan_cell_masked(cell, x, h0, resets, reverse=reverse)
+    jvp = lambda f: jax.jit(lambda x, t: jax.jvp(f, (x,), (t,))[1])(xs, tangent)
+    vjp = lambda f: jax.jit(lambda x, c: jax.vjp(f, x)[1](c)[0])(xs, cotangent)
+    for got, want in [(vjp(run), vjp(ref)), (jvp(run), jvp(ref))]:
+        if name in ("deer", "shooting", "elk") and got.shape == xs.shape:
+            assert np.all(np.isnan(got))  # the cotangents
+            continue
+        assert np.isnan(want).any() and np.isfinite(want).any()
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(got, want, **CLOSE)
 
 
 @pytest.mark.parametrize("name", ["sequential", "shooting", "elk-chunked"])

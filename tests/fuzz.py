@@ -4,9 +4,11 @@ this draws lengths, chunk sizes, resets, lengths of padded series, directions,
 zeros, non-finite inputs and solvers at random, in float64 (float32 with
 `--float32`, at float32 tolerances and on contractive cells only), and prints every
 configuration whose states, flag, gradient or tangent differ from the exact loop's
-(or that raises). It found two bugs that no fixed case covered (2026-12-07: a
-sharded solve flagging NaN states `successful`; sharded derivatives through a zero
-`h0`).
+(or that raises). It found bugs that no fixed case covered: 2026-12-07, a sharded
+solve flagging NaN states `successful` and sharded derivatives through a zero `h0`;
+2026-12-08 (float32, a NaN tangent), a NaN crossing the resets of a dense linear
+recurrence (states and derivatives, even the sequential method's, so the float64
+comparison with it saw nothing).
 
     python tests/fuzz.py recurrence --seconds 300
     python tests/fuzz.py linear | layers | associative [--seed N]

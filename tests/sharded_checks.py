@@ -346,6 +346,21 @@ def segmented(mesh):
         for x, y, name in zip(g, g_ref, "a b h0".split()):
             close(x, y, f"{what}: gradient wrt {name}")
         count += 1
+    # dense coefficients, a NaN in `b` in the first block and one in `a` after the
+    # reset that starts the second: neither reaches a later segment (the second
+    # block's coefficient is zero, not NaN, and the zero matrices are guarded)
+    a, b, h0 = make_linear_problem(5, length, (3,), kind="dense")
+    b[4, 1] = np.nan
+    a[12, 0, 0] = np.nan
+    for method in ("sequential", "chunked"):
+        opts = dict(method=method, resets=resets)
+        single = pscan.linear_recurrence(a, b, h0, **opts)
+        assert np.isfinite(single[17:]).all() and np.isnan(single[4]).any()
+        sharded = pscan.sharded_linear_recurrence(
+            a, b, h0, mesh=mesh, axis_name="time", **opts
+        )
+        close(sharded, single, f"dense segments with NaN, {method}")
+        count += 1
     cell = eqx.nn.GRUCell(2, 3, key=jax.random.PRNGKey(0), dtype=jnp.float64)
     xs = jax.random.normal(jax.random.PRNGKey(1), (length, 2), jnp.float64)
     h0 = 0.1 * jnp.ones(3)

@@ -578,8 +578,9 @@ def linear_recurrence(
         `h[t-1]`, so every segment runs as if alone. With `reverse=True` each segment
         runs backward from its last step, which starts from `h0`, to its first step
         `t` (where `resets[t]`). Implemented as `a[t] = 0`, `b[t] += a[t] * h0`, so
-        every method, chunk and device boundary works as without resets; a zero
-        coefficient forgets even a non-finite state, so a NaN never crosses a reset.
+        every method, chunk and device boundary works as without resets; a reset's
+        zero coefficient (a zero matrix, for dense `a`) forgets even a non-finite
+        state, so a NaN never crosses a reset, in the states or their derivatives.
     - `length`: None, or an integer scalar (may be traced, e.g. one per sequence of a
         right-padded batch under `jax.vmap`): steps `t >= length` leave the state
         unchanged, so `hs[T-1]` is the state after step `length - 1`; with

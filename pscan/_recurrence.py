@@ -302,7 +302,16 @@ def _segmented(step, project, cell, xs, h0, guess, restart, valid, throw) -> Pro
     if project is not None:
         masked_project = lambda params, x: {**x, "z": project(params[0], real_input(x))}
     inputs = {**flags, "z": xs}
-    return Problem(masked_step, (cell, h0), inputs, h0, masked_project, guess, throw)
+    return Problem(
+        masked_step,
+        (cell, h0),
+        inputs,
+        h0,
+        masked_project,
+        guess,
+        throw,
+        resets=restart is not None,
+    )
 
 
 def raise_on_failure(hs: PyTree[Array], result: RESULTS) -> PyTree[Array]:

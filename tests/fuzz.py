@@ -8,9 +8,8 @@ configuration whose states, flag, gradient or tangent differ from the exact loop
 solve flagging NaN states `successful` and sharded derivatives through a zero `h0`;
 2026-12-08 (float32, a NaN tangent), a NaN crossing the resets of a dense linear
 recurrence (states and derivatives, even the sequential method's, so the float64
-comparison with it saw nothing). Known, left: `{'tangent': inf}` for an exact-Jacobian
-solver (`Newton` dense, `ELK`) with resets and an infinite input (finite states, a NaN
-tangent there) is the xfail of `test_nan_derivative_never_crosses_a_reset`.
+comparison with it saw nothing), and through the tangents of the exact-Jacobian
+solvers (an infinite input: finite states, a NaN tangent), sharded too.
 
     python tests/fuzz.py recurrence --seconds 300
     python tests/fuzz.py linear | layers | associative [--seed N]

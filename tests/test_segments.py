@@ -363,30 +363,17 @@ def test_nan_in_one_segment(solver):
     np.testing.assert_allclose(sol.hs, ref, **CLOSE)
 
 
-_DENSE_LEAK = pytest.mark.xfail(
-    strict=True,
-    reason="the exact-Jacobian solvers' tangent crosses a reset: their boundary "
-    "recurrence (dense, no resets of its own) does not guard zero matrices",
-)
-
-
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize(
-    "name",
-    [
-        "picard",
-        "quasi-shooting",
-        pytest.param("deer", marks=_DENSE_LEAK),
-        pytest.param("shooting", marks=_DENSE_LEAK),
-        pytest.param("elk", marks=_DENSE_LEAK),
-    ],
+    "name", ["picard", "deer", "shooting", "quasi-shooting", "elk"]
 )
 def test_nan_derivative_never_crosses_a_reset(name, reverse):
-    """An infinite input saturates the cell (finite states), and a NaN tangent or
-    cotangent at one step of one segment stays in that segment, as in the loop. (The
-    exact-Jacobian solvers, `Newton` and `ELK`, carry a NaN tangent into later
-    segments, a reset's zero Jacobian times NaN, and make every cotangent NaN once
-    their adjoint has a NaN, as documented.)"""
+    """An infinite input saturates the cell (finite states), and a NaN tangent at one
+    step of one segment stays in that segment, as in the loop (the exact-Jacobian
+    solvers once carried it into every later segment: a reset's zero Jacobian times
+    NaN in their tangent's dense solve). So does a NaN cotangent with the iterated
+    adjoints; the exact ones (`Newton`, `ELK`) make every cotangent NaN once the
+    adjoint has a NaN, as documented (a parameter's gradient is NaN with a loop too)."""
     cell, xs, h0 = make_cell()
     xs = xs.at[11, 0].set(jnp.inf)
     resets = np.isin(np.arange(T), [0, 6, 13, 14, 22])

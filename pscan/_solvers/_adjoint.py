@@ -75,6 +75,7 @@ class _Static(eqx.Module):
     step: object
     project: object
     params: PyTree
+    resets: bool
 
 
 def _problem(inputs: _Inputs, static: _Static, params=None) -> Problem:
@@ -85,6 +86,7 @@ def _problem(inputs: _Inputs, static: _Static, params=None) -> Problem:
         inputs.xs,
         inputs.h0,
         static.project,
+        resets=static.resets,
     )
 
 
@@ -95,7 +97,7 @@ def implicit_states(solver, problem: Problem, starts, result, stats):
     states themselves."""
     params, static_params = eqx.partition(problem.params, eqx.is_inexact_array)
     inputs = _Inputs(params, problem.xs, problem.h0)
-    static = _Static(problem.step, problem.project, static_params)
+    static = _Static(problem.step, problem.project, static_params, problem.resets)
     hs = _run(inputs, static, solver, starts, stats["fell_back"])
     # the states are the answer (the sequential ones after a fallback): whether they
     # are finite is read from them, wherever in a chunk the first non-finite one is
@@ -320,7 +322,9 @@ def _tangent(inputs, static, solver, starts, t):
 
     jac = _boundary_jacobians(solver, chunks, starts)
     per_chunk = (starts, floating, rest, t_floating)
-    t_ends = boundary_solve(solver, jac, push, push_one, per_chunk, t.h0)
+    t_ends = boundary_solve(
+        solver, jac, push, push_one, per_chunk, t.h0, resets=problem.resets
+    )
     s_dot = shift_forward(t_ends, t.h0, solver.axis_name)
     runs = lambda *a: _runs(inputs, static, rest)(*a)[0]
     hs_dot = jax.jvp(runs, primal, (t.params, s_dot, t_floating))[1]
@@ -440,7 +444,15 @@ def _cotangent(inputs, static, solver, starts, states, ct_hs):
 
 
 def boundary_solve(
-    solver, jac, affine, affine_one, per_chunk, edge, rhs=None, extra=False
+    solver,
+    jac,
+    affine,
+    affine_one,
+    per_chunk,
+    edge,
+    rhs=None,
+    extra=False,
+    resets=False,
 ):
     """The boundary recurrence of a derivative, over the chunks: forward (the tangent,
     `edge` its value before the first chunk)
@@ -467,6 +479,9 @@ def boundary_solve(
     - `extra`: whether `affine` returns `(r + L m, more)`: then the result is `(y,
         more)`, `more` from the last product the iteration took (at `y` within the
         tolerances; exactly at `y` after the sweep): one product fewer to compile.
+    - `resets`: `Problem.resets`: the tangent's exact solve then treats a chunk whose
+        dense Jacobian is zero as a reset, so that a NaN tangent before it stops there
+        (the adjoint's NaN makes every cotangent NaN anyway: `_cotangent`).
     """
     axis = solver.axis_name
     reverse = edge is None
@@ -482,7 +497,14 @@ def boundary_solve(
         a = jac.coefficients()
         if reverse and axis is None:  # L_{K-1} multiplies y[K] = 0 (never inf * 0)
             a = a.at[-1].set(0)
-        return linear_recurrence(a, r, start, reverse=reverse, axis_name=axis)
+        restart = None
+        if resets and not reverse and a.ndim == r.ndim + 1:
+            # a zero Jacobian (a reset in the chunk) is the same reset again: `a`
+            # stays zero, `r` gains `0 @ start`, and the solve guards it
+            restart = jnp.all(a == 0, axis=(-2, -1))
+        return linear_recurrence(
+            a, r, start, reverse=reverse, axis_name=axis, resets=restart
+        )
 
     if jac is not None and jac.exact:
         return solve(affine(jnp.zeros_like(like)) if rhs is None else rhs, edge)

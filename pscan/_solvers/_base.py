@@ -42,6 +42,10 @@ class Problem(eqx.Module):
         depend on (the iterating solvers: their chunk starts, with
         `RESULTS.error_if`), never the states themselves: a check on `(T, d)` states
         would hold a copy of them, in the forward pass and in the gradient's.
+    - `resets`: whether some steps start from `h0` whatever the state (`recurrence`
+        with `resets`; static): their Jacobians are exactly zero, and a dense linear
+        solve over them must forget a non-finite state there, as a loop does (a guard
+        that costs compile time, so only where there are resets).
     """
 
     step: Callable = eqx.field(static=True)
@@ -51,6 +55,7 @@ class Problem(eqx.Module):
     project: Callable | None = eqx.field(static=True, default=None)
     guess: Array | None = None
     throw: bool = eqx.field(static=True, default=False)
+    resets: bool = eqx.field(static=True, default=False)
 
     @property
     def length(self) -> int:

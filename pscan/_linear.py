@@ -595,7 +595,8 @@ def linear_recurrence(
     the real ones are promoted). Every method gives the sequential loop's states on
     non-finite data too (NaN or +-inf in an argument, states that overflow): where a
     parallel method's states are not all finite, the loop recomputes them (the chunked
-    method checks only its chunk starts), so an inf stays an inf of the loop's sign.
+    method checks only its chunk starts, and every state for dense `a` with resets),
+    so an inf stays an inf of the loop's sign.
     In the elementwise algebra a zero times anything is zero (a zero state after a
     reset, or a zero cotangent): a loss on the steps before a NaN or inf coefficient
     has the finite gradient of that prefix, by every method (`lax.scan` gives NaN).

@@ -153,7 +153,8 @@ def _sequential(a, b, h0, *, reverse: bool, dense: bool, zero_matrices=False):
 
 
 def _finite_or(hs, exact):
-    """`hs` if every state is finite, else `exact()`, the loop with every zero guard.
+    """`hs` (an array, or a pytree of them) if every entry is finite, else `exact()`,
+    the loop with every zero guard.
     A parallel method combines terms the loop never forms: with infinite inputs, or
     products of coefficients that overflow (|a| > 1 over many steps), a state can be
     NaN (inf * 0, inf - inf) or an inf of the other sign where the loop's is +-inf or
@@ -161,7 +162,9 @@ def _finite_or(hs, exact):
     would pass a NaN or inf state on. The test is that the states' sum is finite: any
     non-finite state makes it so (it costs less than `all(isfinite(hs))`, and a sum
     that overflows only sends finite states to the loop, which is exact)."""
-    return lax.cond(jnp.isfinite(jnp.sum(hs)), lambda: hs, exact)
+    leaves = jax.tree_util.tree_leaves(hs)
+    finite = jnp.all(jnp.stack([jnp.isfinite(jnp.sum(x)) for x in leaves]))
+    return lax.cond(finite, lambda: hs, exact)
 
 
 def _associative(a, b, h0, *, reverse: bool, dense: bool, zero_h0: bool):
@@ -306,7 +309,7 @@ def _solve(a, b, h0, *, reverse, method, chunk_size, dense, zero_h0, zero_matric
         a, b, h0, reverse=reverse, dense=dense, zero_matrices=zero_matrices
     )
     if method == "sequential":
-        if not zero_matrices:  # elementwise, the guards are in the loop
+        if not zero_matrices:  # nothing to redo: no guard the loop lacks
             return sequential()
         hs = _sequential(a, b, h0, reverse=reverse, dense=dense)
         return _finite_or(hs, sequential)
@@ -383,9 +386,8 @@ def _transpose(
             zero_matrices=zero_matrices,
         )
         lam, ct_h0 = loop(False)
-        if zero_matrices:  # as `_finite_or`
-            finite = jnp.isfinite(jnp.sum(lam)) & jnp.all(jnp.isfinite(ct_h0))
-            lam, ct_h0 = lax.cond(finite, lambda: (lam, ct_h0), lambda: loop(True))
+        if zero_matrices:
+            lam, ct_h0 = _finite_or((lam, ct_h0), lambda: loop(True))
     else:
         # the value shifted in multiplies lam's zero initial state, so it is free
         shared = a.shape[0] == 1
